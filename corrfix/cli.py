@@ -1,0 +1,156 @@
+"""The ``corrfix`` command line: ``proxy``, ``chaos`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+import structlog
+import trio
+
+from .logs import configure_logging
+from .relay import Address, Proxy, ProxyConfig
+from .repair import RepairConfig
+
+log = structlog.get_logger("corrfix")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+
+
+def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
+    defaults = RepairConfig()
+    p = subparsers.add_parser(
+        "proxy",
+        help="relay Kafka clients to a broker, repairing lost and out-of-order responses",
+        description="Relay every Kafka request to the upstream broker with proxy-owned correlation "
+        "ids; re-queue requests whose answers were skipped or lost, drop stray answers, and "
+        "deliver answers to each client strictly in its request order.",
+    )
+    p.add_argument("--listen", type=Address.parse, required=True, metavar="HOST:PORT")
+    p.add_argument("--upstream", type=Address.parse, required=True, metavar="HOST:PORT")
+    p.add_argument(
+        "--probe-after",
+        type=float,
+        default=defaults.probe_after,
+        metavar="SECONDS",
+        help="longest wait for the oldest answer before a probe is sent; Fetch adds its max_wait_ms "
+        f"(default {defaults.probe_after})",
+    )
+    p.add_argument(
+        "--probe-min",
+        type=float,
+        default=defaults.probe_min,
+        metavar="SECONDS",
+        help="shortest adaptive probe timeout, learned per api key from observed latency "
+        f"(default {defaults.probe_min})",
+    )
+    p.add_argument(
+        "--max-requeues",
+        type=int,
+        default=defaults.max_requeues,
+        help=f"re-sends of one request before its client is disconnected (default {defaults.max_requeues})",
+    )
+    p.add_argument(
+        "--request-deadline",
+        type=float,
+        default=defaults.request_deadline,
+        metavar="SECONDS",
+        help="disconnect a client whose request is unanswered this long "
+        f"(default {defaults.request_deadline:g})",
+    )
+    p.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=defaults.max_outstanding,
+        help=f"unanswered requests per connection before reading pauses (default {defaults.max_outstanding})",
+    )
+    p.add_argument(
+        "--max-held-bytes",
+        type=int,
+        default=defaults.max_held_bytes,
+        help="bytes of out-of-order answers held per connection before reading pauses "
+        f"(default {defaults.max_held_bytes})",
+    )
+    p.add_argument(
+        "--produce-policy",
+        choices=["requeue", "disconnect"],
+        default=defaults.produce_policy,
+        help="what to do when the answer to a Produce without a producer id is lost: re-send it "
+        "(at-least-once; logged as a possible duplicate) or disconnect the client (default requeue)",
+    )
+    p.add_argument("--max-frame-size", type=int, default=ProxyConfig.max_frame_size, metavar="BYTES")
+    p.add_argument("--connect-timeout", type=float, default=ProxyConfig.connect_timeout, metavar="SECONDS")
+    _add_common(p)
+    p.set_defaults(run=_run_proxy)
+
+
+def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    return ProxyConfig(
+        listen=args.listen,
+        upstream=args.upstream,
+        repair=RepairConfig(
+            probe_after=args.probe_after,
+            probe_min=args.probe_min,
+            max_requeues=args.max_requeues,
+            request_deadline=args.request_deadline,
+            max_outstanding=args.max_outstanding,
+            max_held_bytes=args.max_held_bytes,
+            produce_policy=args.produce_policy,
+        ),
+        max_frame_size=args.max_frame_size,
+        connect_timeout=args.connect_timeout,
+    )
+
+
+def _run_proxy(args: argparse.Namespace) -> int:
+    proxy = Proxy(proxy_config_from_args(args))
+    trio.run(run_until_signalled, proxy.serve)
+    log.info("proxy stopped", connections=proxy.stats.connections_opened, **dict(proxy.stats.repairs))
+    return 0
+
+
+async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
+    """Run ``main`` until it returns or SIGINT/SIGTERM arrives, then cancel it cleanly."""
+    async with trio.open_nursery() as nursery:
+
+        async def run_main() -> None:
+            await main()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(run_main)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("stopping", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                return
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="corrfix",
+        description="A Kafka sidecar proxy that owns correlation ids and repairs lost, stray and "
+        "out-of-order responses.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_proxy_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(json=args.log_json, level=args.log_level)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

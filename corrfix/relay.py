@@ -1,0 +1,336 @@
+"""The trio shell around :class:`~corrfix.repair.RepairMachine`: it only moves bytes and timers.
+
+Per client connection there is one upstream connection and five small tasks: a reader and
+a writer for each side, and a timer that wakes the machine at its next deadline. Readers
+feed whole frames to the machine; its actions are appended to the writers' buffers, so
+many small frames leave in one send. Backpressure is the readers pausing: the client
+reader while the machine is at its memory bounds or the upstream buffer is full, the
+upstream reader while the client buffer is full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+
+from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
+
+RECEIVE_SIZE = 256 * 1024
+FLUSH_TIMEOUT = 10.0
+"""How long a closing connection may spend delivering what it still owes the client."""
+log = structlog.get_logger("corrfix.proxy")
+
+_LOUD_EVENTS = {
+    RepairKind.SKIP_DETECTED,
+    RepairKind.REQUEUE,
+    RepairKind.PROBE_FOUND_LOSS,
+    RepairKind.POSSIBLE_DUPLICATE,
+    RepairKind.GIVE_UP,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        """Parse HOST:PORT (IPv6 hosts in brackets)."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {text!r}")
+        return cls(host.strip("[]") or "127.0.0.1", int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    listen: Address
+    upstream: Address
+    repair: RepairConfig = field(default_factory=RepairConfig)
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    connect_timeout: float = 10.0
+    max_send_buffer: int = 4 * 1024 * 1024
+    """Bytes waiting to be sent to one side before the other side's reader pauses."""
+
+
+@dataclass
+class ProxyStats:
+    """Process-wide counts; the metrics endpoint and the connection summaries read them."""
+
+    connections_opened: int = 0
+    connections_active: int = 0
+    repairs: Counter[str] = field(default_factory=Counter)
+
+
+class _Outbox:
+    """Bytes queued for one stream, sent by one writer task in as few sends as possible."""
+
+    __slots__ = ("_buffer", "_changed", "_sending", "eof")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._sending = 0
+        self._changed = trio.lowlevel.ParkingLot()
+        self.eof = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer) + self._sending
+
+    def write(self, frames: list[bytearray]) -> None:
+        buffer = self._buffer
+        for frame in frames:
+            buffer += frame
+        self._changed.unpark_all()
+
+    def finish(self) -> None:
+        """Send what is queued, then end the stream."""
+        self.eof = True
+        self._changed.unpark_all()
+
+    async def wait_below(self, limit: int) -> None:
+        while self.pending >= limit:
+            await self._changed.park()
+
+    async def run(self, stream: trio.abc.HalfCloseableStream | trio.abc.Stream) -> None:
+        while True:
+            if not self._buffer:
+                if self.eof:
+                    return
+                await self._changed.park()
+                continue
+            data = self._buffer
+            self._buffer = bytearray()
+            self._sending = len(data)
+            await stream.send_all(data)
+            self._sending = 0
+            self._changed.unpark_all()
+
+
+class ProxyConnection:
+    """One client connection, its upstream connection and its repair machine."""
+
+    def __init__(
+        self, client: trio.SocketStream, config: ProxyConfig, stats: ProxyStats, conn_id: str
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.stats = stats
+        self.machine = RepairMachine(config.repair)
+        self.to_client = _Outbox()
+        self.to_upstream = _Outbox()
+        self.repairs: Counter[str] = Counter()
+        self._state_changed = trio.lowlevel.ParkingLot()
+        self._timer_scope = trio.CancelScope()
+        self._client_eof = False
+        self._close_reason: str | None = None
+        peer = _peer_name(client)
+        self.log = log.bind(connection=conn_id, client=peer)
+        self._client_peer = peer
+
+    async def run(self) -> None:
+        upstream = await self._connect_upstream()
+        if upstream is None:
+            await self.client.aclose()
+            return
+        self.log.info("connection opened", upstream=str(self.config.upstream))
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._read_client)
+            nursery.start_soon(self._read_upstream, upstream)
+            nursery.start_soon(self._write, self.to_upstream, upstream, "upstream")
+            nursery.start_soon(self._write, self.to_client, self.client, "client")
+            nursery.start_soon(self._run_timer)
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(upstream)
+            await trio.aclose_forcefully(self.client)
+        self.log.info(
+            "connection closed",
+            reason=self._close_reason or "done",
+            outstanding=self.machine.outstanding,
+            **dict(self.repairs),
+        )
+
+    async def _connect_upstream(self) -> trio.SocketStream | None:
+        target = self.config.upstream
+        try:
+            with trio.fail_after(self.config.connect_timeout):
+                return await trio.open_tcp_stream(target.host, target.port)
+        except (OSError, trio.TooSlowError) as exc:
+            self.log.error(
+                "upstream unreachable, closing client", upstream=str(target), error=str(exc) or "timeout"
+            )
+            return None
+
+    # -- the five tasks ----------------------------------------------------------------
+
+    async def _read_client(self) -> None:
+        decoder = FrameDecoder(self.config.max_frame_size, peer=self._client_peer)
+        machine = self.machine
+        limit = self.config.max_send_buffer
+        try:
+            while True:
+                while not machine.accepting_requests:
+                    if machine.closed is not None:
+                        return
+                    await self._state_changed.park()
+                await self.to_upstream.wait_below(limit)
+                data = await self.client.receive_some(RECEIVE_SIZE)
+                if not data:
+                    self._on_client_eof(decoder)
+                    return
+                frames = decoder.feed(data)
+                if frames:
+                    self._apply(machine.client_frames(frames, trio.current_time()))
+        except ProtocolError as exc:
+            self._abort(f"bad request from client: {exc}", warning=True)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._abort(f"client connection lost: {exc or type(exc).__name__}")
+
+    async def _read_upstream(self, upstream: trio.SocketStream) -> None:
+        decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.config.upstream))
+        machine = self.machine
+        limit = self.config.max_send_buffer
+        try:
+            while True:
+                await self.to_client.wait_below(limit)
+                data = await upstream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    if decoder.buffered:
+                        self.log.warning("upstream closed mid-frame", buffered=decoder.buffered)
+                    self._apply(machine.upstream_closed())
+                    return
+                frames = decoder.feed(data)
+                if frames:
+                    self._apply(machine.upstream_frames(frames, trio.current_time()))
+        except ProtocolError as exc:
+            self._abort(f"bad response from upstream: {exc}", warning=True)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._apply(machine.upstream_closed())
+            self.log.info("upstream connection lost", error=str(exc) or type(exc).__name__)
+
+    async def _write(self, outbox: _Outbox, stream: trio.SocketStream, side: str) -> None:
+        try:
+            await outbox.run(stream)
+            if side == "upstream":
+                await stream.send_eof()
+                return
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._abort(f"{side} connection lost while sending: {exc or type(exc).__name__}")
+            return
+        # Everything owed to the client was sent: the connection is done.
+        self._nursery.cancel_scope.cancel()
+
+    async def _run_timer(self) -> None:
+        while True:
+            with self._timer_scope:
+                self._timer_scope.deadline = self._next_deadline()
+                await trio.sleep_forever()
+            self._timer_scope = trio.CancelScope()
+            self._apply(self.machine.tick(trio.current_time()))
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _next_deadline(self) -> float:
+        deadline = self.machine.next_deadline()
+        return math.inf if deadline is None else deadline
+
+    def _apply(self, actions: Actions) -> None:
+        if actions.to_upstream:
+            self.to_upstream.write(actions.to_upstream)
+        if actions.to_client:
+            self.to_client.write(actions.to_client)
+        for event in actions.events:
+            self._record(event)
+        if actions.close is not None:
+            self._finish(actions.close)
+        elif self._client_eof and self.machine.outstanding == 0:
+            self._finish("client closed")
+        self._timer_scope.deadline = self._next_deadline()
+        self._state_changed.unpark_all()
+
+    def _record(self, event: RepairEvent) -> None:
+        kind = event.kind.value
+        self.repairs[kind] += 1
+        self.stats.repairs[kind] += 1
+        fields = {
+            "api": event.api,
+            "client_correlation_id": event.client_correlation_id,
+            "upstream_correlation_id": event.upstream_correlation_id,
+            "new_upstream_correlation_id": event.new_upstream_correlation_id,
+            "attempt": event.attempt,
+            "reason": event.reason or None,
+        }
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if event.kind in _LOUD_EVENTS:
+            self.log.warning(f"repair.{kind}", **fields)
+        else:
+            self.log.debug(f"repair.{kind}", **fields)
+
+    def _on_client_eof(self, decoder: FrameDecoder) -> None:
+        if decoder.buffered:
+            self.log.warning("client closed mid-frame", buffered=decoder.buffered)
+        self._client_eof = True
+        self.to_upstream.finish()
+        if self.machine.outstanding == 0:
+            self._finish("client closed")
+
+    def _finish(self, reason: str) -> None:
+        """Deliver what is queued for the client, then close both sides."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        self.to_client.finish()
+        scope = self._nursery.cancel_scope
+        scope.deadline = min(scope.deadline, trio.current_time() + FLUSH_TIMEOUT)
+
+    def _abort(self, reason: str, *, warning: bool = False) -> None:
+        """Close both sides now: the peer is gone or sent something unusable."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        if warning:
+            self.log.warning("closing connection", reason=reason)
+        self._nursery.cancel_scope.cancel()
+
+
+def _peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "unknown"
+    return f"{host}:{port}"
+
+
+class Proxy:
+    """Accepts clients on the listen address and runs one :class:`ProxyConnection` each."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.stats = ProxyStats()
+        self._ids = itertools.count(1)
+
+    async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
+        listen = self.config.listen
+        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+        bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
+        log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))
+        task_status.started(bound)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        self.stats.connections_opened += 1
+        self.stats.connections_active += 1
+        try:
+            await ProxyConnection(client, self.config, self.stats, f"c{next(self._ids)}").run()
+        finally:
+            self.stats.connections_active -= 1

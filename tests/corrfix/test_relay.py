@@ -1,0 +1,152 @@
+"""The trio relay against a scripted broker: ids, order, repairs, close and bad input."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from corrfix.relay import Address, Proxy, ProxyConfig
+from corrfix.repair import RepairConfig
+from protocol import FrameDecoder
+from tests.corrfix.repair_model import METADATA, PRODUCE, request_frame
+from tests.fake_broker import FakeBroker
+
+FAST_REPAIR = RepairConfig(probe_after=0.2, probe_min=0.01)
+
+
+async def start_proxy(
+    nursery: trio.Nursery, upstream_port: int, repair: RepairConfig = FAST_REPAIR
+) -> tuple[Proxy, int]:
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", upstream_port), repair=repair))
+    bound = await nursery.start(proxy.serve)
+    return proxy, bound[0].port
+
+
+async def start_pair(nursery: trio.Nursery, broker: FakeBroker, repair: RepairConfig = FAST_REPAIR):
+    broker_port = await nursery.start(broker.serve)
+    return await start_proxy(nursery, broker_port, repair)
+
+
+async def read_frames(stream: trio.SocketStream, count: int) -> list[bytearray]:
+    decoder = FrameDecoder()
+    frames: list[bytearray] = []
+    while len(frames) < count:
+        data = await stream.receive_some(65536)
+        if not data:
+            break
+        frames.extend(decoder.feed(data))
+    return frames
+
+
+def answers(frames: list[bytearray]) -> list[tuple[int, int]]:
+    """(client correlation id, token) of each echoed answer."""
+    return [(int.from_bytes(f[4:8], "big", signed=True), int.from_bytes(f[-8:], "big")) for f in frames]
+
+
+async def test_relays_in_order_with_client_ids_restored():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            ids = [1000 + i for i in range(50)]
+            await stream.send_all(b"".join(request_frame(METADATA, cid, cid * 7) for cid in ids))
+            got = answers(await read_frames(stream, len(ids)))
+        assert got == [(cid, cid * 7) for cid in ids]
+        assert [cid for _, cid in broker.requests] == list(range(50))
+        nursery.cancel_scope.cancel()
+
+
+async def test_lost_and_duplicated_answers_are_repaired():
+    def script(index: int, api_key: int) -> str:
+        if api_key == 18:
+            return "answer"
+        return {3: "lose", 7: "duplicate", 12: "lose", 13: "lose"}.get(index, "answer")
+
+    broker = FakeBroker(script)
+    async with trio.open_nursery() as nursery:
+        proxy, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            got: list[tuple[int, int]] = []
+            for cid in range(20):  # one in flight: only probes can find these losses
+                await stream.send_all(request_frame(METADATA, cid, cid + 100))
+                got += answers(await read_frames(stream, 1))
+        assert got == [(cid, cid + 100) for cid in range(20)]
+        assert proxy.stats.repairs["probe_found_loss"] >= 2
+        assert proxy.stats.repairs["stale_drop"] >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped():
+    broker = FakeBroker()  # answers everything, acks=0 included, like Tansu
+    async with trio.open_nursery() as nursery:
+        proxy, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            frames = [request_frame(PRODUCE, i, i, acks=0) for i in range(10)]
+            frames.append(request_frame(METADATA, 99, 99))
+            await stream.send_all(b"".join(frames))
+            got = answers(await read_frames(stream, 1))
+        assert got == [(99, 99)]
+        assert proxy.stats.repairs["stale_drop"] == 10
+        assert proxy.stats.repairs["requeue"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_client_half_close_still_gets_every_answer():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"".join(request_frame(METADATA, i, i) for i in range(5)))
+            await stream.send_eof()
+            got = answers(await read_frames(stream, 6))
+        assert got == [(i, i) for i in range(5)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_upstream_unreachable_closes_the_client():
+    async with trio.open_nursery() as nursery:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        dead_port = listener.getsockname()[1]
+        listener.close()  # nothing listens there now
+        _, port = await start_proxy(nursery, dead_port)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+
+
+async def test_upstream_closing_mid_stream_closes_the_client():
+    broker = FakeBroker(lambda index, _key: "close" if index == 2 else "answer")
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"".join(request_frame(METADATA, i, i) for i in range(5)))
+            got = answers(await read_frames(stream, 5))
+        assert got == [(0, 0), (1, 1)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_bad_input_closes_only_that_connection():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            good = await trio.open_tcp_stream("127.0.0.1", port)
+            for garbage in (
+                b"\xff\xff\xff\xff",
+                b"\x7f\xff\xff\xff",
+                b"GET / HTTP/1.1\r\n\r\n",
+                b"\x00\x00\x00\x02ab",
+            ):
+                bad = await trio.open_tcp_stream("127.0.0.1", port)
+                await bad.send_all(garbage)
+                assert await bad.receive_some(100) == b""
+            await good.send_all(request_frame(METADATA, 5, 5))
+            assert answers(await read_frames(good, 1)) == [(5, 5)]
+        nursery.cancel_scope.cancel()
