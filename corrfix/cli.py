@@ -26,6 +26,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
     defaults = RepairConfig()
+    relay_defaults = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 0))
     p = subparsers.add_parser(
         "proxy",
         help="relay Kafka clients to a broker, repairing lost and out-of-order responses",
@@ -85,8 +86,8 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
         help="what to do when the answer to a Produce without a producer id is lost: re-send it "
         "(at-least-once; logged as a possible duplicate) or disconnect the client (default requeue)",
     )
-    p.add_argument("--max-frame-size", type=int, default=ProxyConfig.max_frame_size, metavar="BYTES")
-    p.add_argument("--connect-timeout", type=float, default=ProxyConfig.connect_timeout, metavar="SECONDS")
+    p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
+    p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
     _add_common(p)
     p.set_defaults(run=_run_proxy)
 

@@ -330,7 +330,12 @@ class Proxy:
     async def _handle(self, client: trio.SocketStream) -> None:
         self.stats.connections_opened += 1
         self.stats.connections_active += 1
+        conn_id = f"c{next(self._ids)}"
         try:
-            await ProxyConnection(client, self.config, self.stats, f"c{next(self._ids)}").run()
+            await ProxyConnection(client, self.config, self.stats, conn_id).run()
+        except Exception:
+            # A bug must cost one connection, never the proxy and everyone else on it.
+            log.exception("internal error, connection closed", connection=conn_id)
+            await trio.aclose_forcefully(client)
         finally:
             self.stats.connections_active -= 1
