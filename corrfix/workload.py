@@ -1,0 +1,505 @@
+"""Real Kafka client workloads for the demo, the benchmarks and the tests: topics, produce N, read back.
+
+Everything here blocks (the clients have their own I/O threads or loops) and everything is
+bounded in time. From a trio test that also runs a proxy, call these through
+``trio.to_thread.run_sync(functools.partial(...))``.
+
+Message values are unique (``b"m-000123"``) so a caller can check exactly-once delivery
+with :func:`expected_values` and :func:`duplicates`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import confluent_kafka
+import confluent_kafka.admin
+import kafka
+import kafka.admin
+import kafka.errors
+
+VALUE_PREFIX = b"m-"
+DEFAULT_TIMEOUT = 30.0
+
+
+def make_value(i: int, prefix: bytes = VALUE_PREFIX) -> bytes:
+    """The i-th unique message value, e.g. ``b"m-000123"``."""
+    return prefix + b"%06d" % i
+
+
+def expected_values(n: int, prefix: bytes = VALUE_PREFIX) -> list[bytes]:
+    """The values produced by ``produce_*(…, n)``, in order."""
+    return [make_value(i, prefix) for i in range(n)]
+
+
+def duplicates(values: list[bytes]) -> dict[bytes, int]:
+    """Values seen more than once, with their counts."""
+    return {v: c for v, c in collections.Counter(values).items() if c > 1}
+
+
+@dataclass
+class ProduceResult:
+    """What a producer reported for N sends.
+
+    ``delivered`` counts sends the client reported as successful. With acks=0 that only
+    means "handed to the connection", so it says nothing about what the broker stored.
+    ``correlation_errors`` counts CorrelationIdError seen in delivery reports or logged by
+    kafka-python when it drops a connection (the log is process-wide, so concurrent
+    producers in other threads are counted too). ``connection_losses`` likewise.
+    """
+
+    topic: str
+    attempted: int
+    delivered: int = 0
+    failed: int = 0
+    undelivered: int = 0
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    correlation_errors: int = 0
+    connection_losses: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every send reported delivered and no error was seen."""
+        return self.delivered == self.attempted and not self.errors and not self.correlation_errors
+
+
+# -- topics ----------------------------------------------------------------------------------
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, *, exist_ok: bool = False, timeout: float = 10.0
+) -> None:
+    """Create ``name`` with kafka-python's admin client (replication factor 1)."""
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=int(timeout * 1000),
+        bootstrap_timeout_ms=int(timeout * 1000),
+        client_id="corrfix-tests-admin",
+    )
+    try:
+        admin.create_topics(
+            [kafka.admin.NewTopic(name, partitions, 1)], timeout_ms=int(timeout * 1000), raise_errors=True
+        )
+    except kafka.errors.TopicAlreadyExistsError:
+        if not exist_ok:
+            raise
+    finally:
+        admin.close()
+
+
+def create_topic_confluent(bootstrap: str, name: str, partitions: int = 1, *, timeout: float = 10.0) -> None:
+    """Create ``name`` with confluent-kafka's AdminClient (replication factor 1)."""
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [confluent_kafka.admin.NewTopic(name, partitions, 1)],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    futures[name].result(timeout=timeout)
+
+
+# -- kafka-python ----------------------------------------------------------------------------
+
+
+class _KafkaLogCounter(logging.Handler):
+    """Counts connection losses that kafka-python only logs (e.g. CorrelationIdError)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.correlation_errors = 0
+        self.connection_losses = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name != "kafka.net.connection":
+            return
+        message = record.getMessage()
+        if "Connection lost" in message:
+            self.connection_losses += 1
+            if "CorrelationIdError" in message:
+                self.correlation_errors += 1
+
+
+@contextlib.contextmanager
+def _count_kafka_logs() -> Iterator[_KafkaLogCounter]:
+    counter = _KafkaLogCounter()
+    logger = logging.getLogger("kafka.net.connection")
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.ERROR:
+        logger.setLevel(logging.ERROR)  # the records must exist for the handler to see them
+    logger.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        logger.removeHandler(counter)
+        logger.setLevel(level)
+
+
+def _record_failure(result: ProduceResult, exc: BaseException) -> None:
+    result.failed += 1
+    result.errors[type(exc).__name__] += 1
+    if isinstance(exc, kafka.errors.CorrelationIdError):
+        result.correlation_errors += 1
+
+
+def produce_kafka_python(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    *,
+    acks: int | Literal["all"] = 1,
+    sync: bool = False,
+    idempotent: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    prefix: bytes = VALUE_PREFIX,
+    config: Mapping[str, Any] | None = None,
+) -> ProduceResult:
+    """Send ``n`` unique values with ``KafkaProducer`` and count what it reports.
+
+    ``sync=True`` waits for each send before the next (one request in flight), else all
+    are sent and then flushed. ``timeout`` bounds the whole run and each delivery;
+    ``config`` overrides producer settings (e.g. ``request_timeout_ms``).
+    """
+    timeout_ms = int(timeout * 1000)
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "client_id": "corrfix-tests-producer",
+        "acks": acks,
+        "enable_idempotence": idempotent,
+        "linger_ms": 5,
+        "request_timeout_ms": min(10_000, timeout_ms),
+        "delivery_timeout_ms": timeout_ms,
+        "max_block_ms": timeout_ms,
+        "bootstrap_timeout_ms": timeout_ms,
+    }
+    settings.update(config or {})
+    result = ProduceResult(topic=topic, attempted=n)
+    start = time.monotonic()
+    deadline = start + timeout
+    with _count_kafka_logs() as logs:
+        producer = kafka.KafkaProducer(**settings)
+        try:
+            futures = []
+            for i in range(n):
+                try:
+                    future = producer.send(topic, make_value(i, prefix))
+                except kafka.errors.KafkaError as exc:
+                    _record_failure(result, exc)
+                    continue
+                if sync:
+                    try:
+                        future.get(timeout=max(deadline - time.monotonic(), 0.001))
+                        result.delivered += 1
+                    except kafka.errors.KafkaTimeoutError as exc:
+                        _record_failure(result, exc)
+                        break  # the run's deadline is gone
+                    except kafka.errors.KafkaError as exc:
+                        _record_failure(result, exc)
+                else:
+                    futures.append(future)
+            if futures:
+                with contextlib.suppress(kafka.errors.KafkaTimeoutError):
+                    producer.flush(timeout=max(deadline - time.monotonic(), 0.001))
+                for future in futures:
+                    if not future.is_done:
+                        result.undelivered += 1
+                    elif future.succeeded():
+                        result.delivered += 1
+                    else:
+                        _record_failure(result, future.exception)
+        finally:
+            producer.close(timeout=max(min(5.0, deadline - time.monotonic()), 0.5))
+    result.undelivered += n - result.delivered - result.failed - result.undelivered
+    result.correlation_errors += logs.correlation_errors
+    result.connection_losses = logs.connection_losses
+    result.elapsed = time.monotonic() - start
+    return result
+
+
+def consume_kafka_python(
+    bootstrap: str,
+    topic: str,
+    expected: int | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    settle: float = 1.0,
+    config: Mapping[str, Any] | None = None,
+) -> list[bytes]:
+    """:func:`consume_all` with ``KafkaConsumer``; see there."""
+    timeout_ms = int(timeout * 1000)
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "client_id": "corrfix-tests-consumer",
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": 100,  # Tansu's long poll does not wake early when data arrives
+        "request_timeout_ms": min(10_000, timeout_ms),
+        "bootstrap_timeout_ms": timeout_ms,
+    }
+    settings.update(config or {})
+    deadline = time.monotonic() + timeout
+    consumer = kafka.KafkaConsumer(**settings)
+    try:
+        partitions = _wait_for(
+            lambda: consumer.partitions_for_topic(topic), deadline, f"partitions of {topic!r}"
+        )
+        tps = [kafka.TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        values: list[bytes] = []
+
+        def end_offsets() -> dict[int, int]:
+            return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+
+        def positions() -> dict[int, int]:
+            return {tp.partition: consumer.position(tp) for tp in tps}
+
+        def poll(wait: float) -> int:
+            batches = consumer.poll(timeout_ms=int(wait * 1000), max_records=5000)
+            got = [r.value for records in batches.values() for r in records]
+            values.extend(got)
+            return len(got)
+
+        _drain(poll, positions, end_offsets, values, expected, deadline, settle)
+        return values
+    finally:
+        consumer.close(autocommit=False)
+
+
+# -- confluent-kafka -------------------------------------------------------------------------
+
+
+def produce_confluent(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    *,
+    acks: int | Literal["all"] = 1,
+    idempotent: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    prefix: bytes = VALUE_PREFIX,
+    config: Mapping[str, Any] | None = None,
+) -> ProduceResult:
+    """Send ``n`` unique values with confluent-kafka's ``Producer`` and count delivery reports.
+
+    ``idempotent=True`` sets ``enable.idempotence`` (librdkafka then forces acks=all).
+    """
+    timeout_ms = int(timeout * 1000)
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "corrfix-tests-producer",
+        "enable.idempotence": idempotent,
+        "linger.ms": 5,
+        "message.timeout.ms": timeout_ms,
+        "socket.timeout.ms": min(10_000, timeout_ms),
+    }
+    if not idempotent:
+        settings["acks"] = str(acks)
+    settings.update(config or {})
+    result = ProduceResult(topic=topic, attempted=n)
+
+    def on_delivery(err: confluent_kafka.KafkaError | None, _msg: confluent_kafka.Message) -> None:
+        if err is None:
+            result.delivered += 1
+        else:
+            result.failed += 1
+            result.errors[err.name()] += 1
+
+    start = time.monotonic()
+    deadline = start + timeout
+    producer = confluent_kafka.Producer(settings)
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, make_value(i, prefix), on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                if time.monotonic() >= deadline:
+                    result.errors["BufferError"] += 1
+                    break
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(max(deadline - time.monotonic(), 0.001))
+    result.undelivered = n - result.delivered - result.failed
+    result.elapsed = time.monotonic() - start
+    return result
+
+
+def consume_confluent(
+    bootstrap: str,
+    topic: str,
+    expected: int | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    settle: float = 1.0,
+    config: Mapping[str, Any] | None = None,
+) -> list[bytes]:
+    """:func:`consume_all` with confluent-kafka's ``Consumer``; see there."""
+    timeout_ms = int(timeout * 1000)
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "corrfix-tests-consumer",
+        "group.id": f"corrfix-tests-{uuid.uuid4().hex}",  # required by librdkafka, never joined
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,  # Tansu's long poll does not wake early when data arrives
+        "socket.timeout.ms": min(10_000, timeout_ms),
+    }
+    settings.update(config or {})
+    deadline = time.monotonic() + timeout
+    consumer = confluent_kafka.Consumer(settings)
+    try:
+
+        def partition_ids() -> list[int] | None:
+            wait = max(min(2.0, deadline - time.monotonic()), 0.1)
+            meta = consumer.list_topics(topic, timeout=wait).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                return None
+            return sorted(meta.partitions)
+
+        ids = _wait_for(partition_ids, deadline, f"partitions of {topic!r}")
+        consumer.assign(
+            [confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in ids]
+        )
+        values: list[bytes] = []
+        next_offsets = dict.fromkeys(ids, 0)
+
+        def end_offsets() -> dict[int, int]:
+            wait = max(min(5.0, deadline - time.monotonic()), 0.1)
+            tps = (confluent_kafka.TopicPartition(topic, p) for p in ids)
+            return {
+                tp.partition: consumer.get_watermark_offsets(tp, timeout=wait, cached=False)[1] for tp in tps
+            }
+
+        def poll(wait: float) -> int:
+            got = 0
+            for msg in consumer.consume(num_messages=5000, timeout=wait):
+                if msg.error() is not None:
+                    if msg.error().fatal():
+                        raise confluent_kafka.KafkaException(msg.error())
+                    continue
+                values.append(msg.value())
+                next_offsets[msg.partition()] = msg.offset() + 1
+                got += 1
+            return got
+
+        _drain(poll, lambda: dict(next_offsets), end_offsets, values, expected, deadline, settle)
+        return values
+    finally:
+        consumer.close()
+
+
+# -- shared ----------------------------------------------------------------------------------
+
+
+def consume_all(
+    bootstrap: str,
+    topic: str,
+    expected: int | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    settle: float = 1.0,
+    client: Literal["confluent", "kafka-python"] = "confluent",
+    config: Mapping[str, Any] | None = None,
+) -> list[bytes]:
+    """Read ``topic`` from the earliest offset and return the values in the order read.
+
+    Partitions are assigned directly (no consumer group, so no JoinGroup delay). Stops when
+    ``expected`` values have been read and every partition is read up to its end offset
+    (so duplicates already stored are included), or, when fewer arrive, once every
+    partition is read to its end and the end offsets stayed put for ``settle`` seconds
+    (records still in flight to the broker, e.g. after acks=0, keep moving them). Never
+    runs past ``timeout``; returns what it has then, so callers assert on the result.
+    """
+    if client == "confluent":
+        return consume_confluent(bootstrap, topic, expected, timeout=timeout, settle=settle, config=config)
+    return consume_kafka_python(bootstrap, topic, expected, timeout=timeout, settle=settle, config=config)
+
+
+def _wait_for(probe: Any, deadline: float, what: str) -> Any:
+    """Call ``probe`` until it returns something truthy, or raise TimeoutError at ``deadline``."""
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _drain(
+    poll: Any,
+    positions: Any,
+    end_offsets: Any,
+    values: list[bytes],
+    expected: int | None,
+    deadline: float,
+    settle: float,
+) -> None:
+    """The stop rule of :func:`consume_all`, shared by both clients."""
+    ends = end_offsets()
+    stable_since = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        got = poll(min(0.2, deadline - now))
+        pos = positions()
+        if got or not all(pos.get(p, 0) >= end for p, end in ends.items()):
+            continue
+        new_ends = end_offsets()
+        if new_ends != ends:
+            ends, stable_since = new_ends, time.monotonic()
+            continue
+        if expected is not None and len(values) >= expected:
+            return
+        if time.monotonic() - stable_since >= settle:
+            return
+
+
+# -- raw protocol ----------------------------------------------------------------------------
+
+
+def api_versions(bootstrap: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+    """Send a raw ApiVersions v0 request; return ``{api_key: (min, max)}``.
+
+    Proves a broker answers Kafka requests without involving any client library.
+    """
+    host, _, port = bootstrap.rpartition(":")
+    correlation_id = 0x5EED
+    client_id = b"corrfix-tests"
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
+        payload = _recv_exactly(sock, size)
+    got_id, error_code, count = struct.unpack_from(">ihi", payload, 0)
+    if got_id != correlation_id:
+        raise AssertionError(f"ApiVersions answered with correlation id {got_id}, sent {correlation_id}")
+    if error_code != 0:
+        raise AssertionError(f"ApiVersions error code {error_code}")
+    return {
+        key: (lo, hi)
+        for key, lo, hi in (struct.unpack_from(">hhh", payload, 10 + 6 * i) for i in range(count))
+    }
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
