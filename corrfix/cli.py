@@ -141,7 +141,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_proxy_parser(subparsers)
+    _add_chaos_parser(subparsers)
+    _add_demo_parser(subparsers)
     return parser
+
+
+def _add_chaos_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .chaos_relay import add_chaos_arguments
+
+    p = subparsers.add_parser(
+        "chaos",
+        help="a Kafka-aware relay that drops, duplicates or delays responses, to test pipelines",
+        description="Relay Kafka traffic and damage responses on purpose: drop, duplicate or delay "
+        "every Nth or with a seeded probability, filtered by api key. Prints what it did.",
+    )
+    add_chaos_arguments(p)
+    _add_common(p)
+    p.set_defaults(run=_run_chaos)
+
+
+def _run_chaos(args: argparse.Namespace) -> int:
+    from .chaos_relay import chaos_config_from_args, run_chaos
+
+    config = chaos_config_from_args(args)
+    trio.run(run_until_signalled, lambda: run_chaos(config, handle_signals=False))
+    return 0
+
+
+def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .demo import register_command
+
+    p = register_command(subparsers)
+    _add_common(p)
+    p.set_defaults(run=_run_demo, log_level="warning")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
