@@ -9,6 +9,8 @@ import pytest
 import trio
 
 from corrfix import workload as clients
+from corrfix.chaos import ChaosRules
+from corrfix.chaos_relay import ChaosConfig, ChaosRelay, serve_chaos
 from corrfix.netutil import free_port
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
@@ -20,19 +22,29 @@ pytestmark = pytest.mark.broker
 class Stack:
     proxy: Proxy
     bootstrap: str
+    relay: ChaosRelay | None = None
 
 
-async def start_proxy_for(nursery: trio.Nursery, tansu_factory, repair: RepairConfig | None = None) -> Stack:
-    """Tansu advertising corrfix's port, so clients stay on the proxy after bootstrap."""
+async def start_proxy_for(
+    nursery: trio.Nursery, tansu_factory, chaos: ChaosRules | None = None, repair: RepairConfig | None = None
+) -> Stack:
+    """client -> corrfix [-> chaos relay] -> Tansu, with Tansu advertising corrfix's port so
+    clients stay on the proxy after bootstrap."""
     port = free_port()
     broker = tansu_factory(advertised_port=port)
-    proxy = Proxy(
-        ProxyConfig(
-            Address("127.0.0.1", port), Address("127.0.0.1", broker.port), repair=repair or RepairConfig()
+    upstream = broker.port
+    relay = None
+    if chaos is not None:
+        relay = await nursery.start(
+            serve_chaos, ChaosConfig("127.0.0.1", 0, "127.0.0.1", broker.port, rules=chaos)
         )
+        upstream = relay.port
+    config = ProxyConfig(
+        Address("127.0.0.1", port), Address("127.0.0.1", upstream), repair=repair or RepairConfig()
     )
+    proxy = Proxy(config)
     await nursery.start(proxy.serve)
-    return Stack(proxy, f"127.0.0.1:{port}")
+    return Stack(proxy, f"127.0.0.1:{port}", relay)
 
 
 async def in_thread(fn, *args, **kwargs):
@@ -50,3 +62,45 @@ async def test_kafka_python_acks0_loses_nothing_through_corrfix(tansu_factory):
     assert result.correlation_errors == 0
     assert sorted(values) == clients.expected_values(n)
     assert stack.proxy.stats.repairs["stale_drop"] > 0  # Tansu did answer acks=0; corrfix hid it
+
+
+async def test_sync_producer_through_lossy_link_gets_every_message_exactly_once(tansu_factory):
+    n = 600
+    async with trio.open_nursery() as nursery:
+        stack = await start_proxy_for(nursery, tansu_factory, ChaosRules(drop_every=25, apis=frozenset({0})))
+        await in_thread(clients.create_topic, stack.bootstrap, "sync")
+        result = await in_thread(
+            clients.produce_kafka_python, stack.bootstrap, "sync", n, acks="all", sync=True, idempotent=True
+        )
+        values = await in_thread(clients.consume_all, stack.bootstrap, "sync", n, timeout=60)
+        nursery.cancel_scope.cancel()
+    assert result.ok and not result.errors and result.correlation_errors == 0
+    assert sorted(values) == clients.expected_values(n)
+    dropped = stack.relay.policy.totals().dropped
+    assert dropped == 24
+    assert stack.proxy.stats.repairs["requeue"] == dropped
+
+
+async def test_idempotent_confluent_producer_with_every_kind_of_answer_dropped(tansu_factory):
+    n = 20_000
+    async with trio.open_nursery() as nursery:
+        stack = await start_proxy_for(nursery, tansu_factory, ChaosRules(drop_every=50))
+        await in_thread(clients.create_topic, stack.bootstrap, "idem", partitions=3)
+        # Small batches, so that the 20,000 messages take hundreds of Produce requests.
+        result = await in_thread(
+            clients.produce_confluent,
+            stack.bootstrap,
+            "idem",
+            n,
+            idempotent=True,
+            timeout=120,
+            config={"batch.num.messages": 50, "linger.ms": 1},
+        )
+        values = await in_thread(clients.consume_all, stack.bootstrap, "idem", n, timeout=120)
+        nursery.cancel_scope.cancel()
+    assert result.ok and not result.errors
+    assert clients.duplicates(values) == {}
+    assert sorted(values) == clients.expected_values(n)
+    produce_drops = stack.relay.policy.counts[0].dropped
+    assert produce_drops >= 5
+    assert stack.proxy.stats.repairs["requeue"] >= produce_drops
