@@ -20,6 +20,7 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
 
+from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
 
 RECEIVE_SIZE = 256 * 1024
@@ -122,9 +123,16 @@ class ProxyConnection:
     """One client connection, its upstream connection and its repair machine."""
 
     def __init__(
-        self, client: trio.SocketStream, config: ProxyConfig, stats: ProxyStats, conn_id: str
+        self,
+        client: trio.SocketStream,
+        config: ProxyConfig,
+        stats: ProxyStats,
+        conn_id: str,
+        observer: ConnectionObserver | None = None,
     ) -> None:
         self.client = client
+        self.conn_id = conn_id
+        self.observer = observer
         self.config = config
         self.stats = stats
         self.machine = RepairMachine(config.repair)
@@ -145,6 +153,8 @@ class ProxyConnection:
             await self.client.aclose()
             return
         self.log.info("connection opened", upstream=str(self.config.upstream))
+        if self.observer is not None:
+            self.observer.connection_opened(self.conn_id, self._client_peer, _peer_name(upstream))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._read_client)
@@ -155,6 +165,8 @@ class ProxyConnection:
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(upstream)
             await trio.aclose_forcefully(self.client)
+        if self.observer is not None:
+            self.observer.connection_closed(self.conn_id, self._close_reason or "done")
         self.log.info(
             "connection closed",
             reason=self._close_reason or "done",
@@ -192,6 +204,8 @@ class ProxyConnection:
                     return
                 frames = decoder.feed(data)
                 if frames:
+                    if self.observer is not None:
+                        self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
                     self._apply(machine.client_frames(frames, trio.current_time()))
         except ProtocolError as exc:
             self._abort(f"bad request from client: {exc}", warning=True)
@@ -213,6 +227,8 @@ class ProxyConnection:
                     return
                 frames = decoder.feed(data)
                 if frames:
+                    if self.observer is not None:
+                        self.observer.frames(self.conn_id, Side.UPSTREAM, Direction.RESPONSE, frames)
                     self._apply(machine.upstream_frames(frames, trio.current_time()))
         except ProtocolError as exc:
             self._abort(f"bad response from upstream: {exc}", warning=True)
@@ -247,6 +263,8 @@ class ProxyConnection:
         return math.inf if deadline is None else deadline
 
     def _apply(self, actions: Actions) -> None:
+        if self.observer is not None:
+            self._observe(actions)
         if actions.to_upstream:
             self.to_upstream.write(actions.to_upstream)
         if actions.to_client:
@@ -259,6 +277,16 @@ class ProxyConnection:
             self._finish("client closed")
         self._timer_scope.deadline = self._next_deadline()
         self._state_changed.unpark_all()
+
+    def _observe(self, actions: Actions) -> None:
+        observer = self.observer
+        assert observer is not None
+        if actions.to_upstream:
+            observer.frames(self.conn_id, Side.UPSTREAM, Direction.REQUEST, actions.to_upstream)
+        if actions.to_client:
+            observer.frames(self.conn_id, Side.CLIENT, Direction.RESPONSE, actions.to_client)
+        for event in actions.events:
+            observer.repair(self.conn_id, event)
 
     def _record(self, event: RepairEvent) -> None:
         kind = event.kind.value
@@ -314,8 +342,9 @@ def _peer_name(stream: trio.SocketStream) -> str:
 class Proxy:
     """Accepts clients on the listen address and runs one :class:`ProxyConnection` each."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, observer: ConnectionObserver | None = None) -> None:
         self.config = config
+        self.observer = observer
         self.stats = ProxyStats()
         self._ids = itertools.count(1)
 
@@ -332,7 +361,7 @@ class Proxy:
         self.stats.connections_active += 1
         conn_id = f"c{next(self._ids)}"
         try:
-            await ProxyConnection(client, self.config, self.stats, conn_id).run()
+            await ProxyConnection(client, self.config, self.stats, conn_id, self.observer).run()
         except Exception:
             # A bug must cost one connection, never the proxy and everyone else on it.
             log.exception("internal error, connection closed", connection=conn_id)
