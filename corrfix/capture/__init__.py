@@ -1,0 +1,1 @@
+"""Capture of both sides of every proxied connection, plus repair events, as Arrow IPC streams."""
