@@ -67,8 +67,8 @@ def run_demo(args: argparse.Namespace) -> int:
     n = args.acks0_messages
     print(f"Scene 1: kafka-python producing {n:,} messages with acks=0 (Tansu wrongly answers them)")
     scene1 = [
-        _acks0_scene(workload, work, "direct to Tansu", n, via_corrfix=False),
-        _acks0_scene(workload, work, "through corrfix", n, via_corrfix=True),
+        acks0_scene(workload, work, "direct to Tansu", n, via_corrfix=False),
+        acks0_scene(workload, work, "through corrfix", n, via_corrfix=True),
     ]
     _print_table(scene1)
 
@@ -77,7 +77,7 @@ def run_demo(args: argparse.Namespace) -> int:
         f"\nScene 2: {m} synchronous produces (acks=all) through a link that drops every "
         f"{args.drop_every}th Produce answer; request timeout {args.request_timeout_ms} ms"
     )
-    sync = functools.partial(_sync_scene, workload, work, m, timeout_ms=args.request_timeout_ms)
+    sync = functools.partial(sync_scene, workload, work, m, timeout_ms=args.request_timeout_ms)
     scene2 = [
         sync("no faults, direct", drop_every=0, via_corrfix=False),
         sync("faults, direct", drop_every=args.drop_every, via_corrfix=False),
@@ -145,7 +145,7 @@ def _repairs(processes: list[CorrfixProcess]) -> dict[str, int]:
     return {}
 
 
-def _acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfix: bool) -> SceneResult:
+def acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfix: bool) -> SceneResult:
     name = "acks0-" + ("corrfix" if via_corrfix else "direct")
     with _stack(work, name, via_corrfix=via_corrfix, drop_every=0) as (bootstrap, processes):
         workload.create_topic(bootstrap, "demo-acks0")
@@ -164,7 +164,7 @@ def _acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfi
     )
 
 
-def _sync_scene(
+def sync_scene(
     workload: object, work: Path, m: int, label: str, *, drop_every: int, via_corrfix: bool, timeout_ms: int
 ) -> SceneResult:
     name = f"sync-{'corrfix' if via_corrfix else 'direct'}-{drop_every}"

@@ -1,0 +1,79 @@
+"""The command line as an operator runs it: a child process, JSON logs, SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from corrfix import workload
+from corrfix.cli import build_parser
+from corrfix.launch import CorrfixProcess
+from corrfix.netutil import free_port
+
+
+def test_proxy_help_documents_every_repair_option():
+    text = build_parser().parse_args(["proxy", "--listen", ":1", "--upstream", "h:2"])
+    assert text.listen.port == 1 and text.upstream.host == "h"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "corrfix", "proxy", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for option in (
+        "--probe-after",
+        "--probe-min",
+        "--max-requeues",
+        "--request-deadline",
+        "--produce-policy",
+    ):
+        assert option in help_text
+
+
+def test_bad_address_is_a_usage_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "corrfix", "proxy", "--listen", "nonsense", "--upstream", "h:1"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "HOST:PORT" in result.stderr
+
+
+@pytest.mark.broker
+def test_proxy_process_relays_and_stops_cleanly_on_sigterm(tansu_factory, tmp_path):
+    port = free_port()
+    broker = tansu_factory(advertised_port=port)
+    proxy = CorrfixProcess(
+        ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", broker.bootstrap], port, tmp_path / "p.log"
+    )
+    with proxy:
+        versions = workload.api_versions(f"127.0.0.1:{port}")
+    assert proxy.stop() == 0
+    assert versions[18][1] >= 3
+    events = [record["event"] for record in proxy.records()]
+    assert events[0] == "proxy listening" and events[-1] == "proxy stopped"
+    assert "connection closed" in events
+
+
+@pytest.mark.broker
+def test_demo_runs_on_embedded_defaults_scaled_down(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corrfix",
+            "demo",
+            "--acks0-messages",
+            "2000",
+            "--sync-messages",
+            "30",
+            "--request-timeout-ms",
+            "1500",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "through corrfix" in result.stdout and "faults, corrfix" in result.stdout
