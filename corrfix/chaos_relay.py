@@ -31,6 +31,7 @@ import trio
 from protocol import DEFAULT_MAX_FRAME_SIZE, ProtocolError
 
 from .chaos import Action, ChaosPolicy, ChaosRules, ConnectionChaos, Decision, api_label, parse_api_keys
+from .netutil import LOOPBACK, parse_host_port
 
 RECEIVE_SIZE = 256 * 1024
 OUTGOING_QUEUE = 64
@@ -334,24 +335,9 @@ def _describe_rules(config: ChaosConfig) -> dict[str, object]:
 # --- command line -------------------------------------------------------------------------
 
 
-def parse_host_port(text: str, *, default_host: str | None = None) -> tuple[str | None, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (host omitted: ``default_host``)."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    port = int(port_text)
-    if port > 65535:
-        raise ValueError(f"port {port} is out of range in {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"write IPv6 addresses in brackets, e.g. [::1]:9092, not {text!r}")
-    return (host or default_host), port
-
-
 def _host_port(text: str) -> tuple[str | None, int]:
     try:
-        return parse_host_port(text)
+        return parse_host_port(text, default_host=LOOPBACK)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -26,3 +26,18 @@ def can_connect(host: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def parse_host_port(text: str, *, default_host: str | None = None) -> tuple[str | None, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (host omitted: ``default_host``)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range in {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"write IPv6 addresses in brackets, e.g. [::1]:9092, not {text!r}")
+    return (host or default_host), port

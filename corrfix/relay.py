@@ -20,6 +20,7 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
 
+from .netutil import LOOPBACK, parse_host_port
 from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
 
@@ -44,11 +45,9 @@ class Address:
 
     @classmethod
     def parse(cls, text: str) -> Address:
-        """Parse HOST:PORT (IPv6 hosts in brackets)."""
-        host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"expected HOST:PORT, got {text!r}")
-        return cls(host.strip("[]") or "127.0.0.1", int(port))
+        """Parse HOST:PORT, [IPv6]:PORT or :PORT (loopback)."""
+        host, port = parse_host_port(text, default_host=LOOPBACK)
+        return cls(host or LOOPBACK, port)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

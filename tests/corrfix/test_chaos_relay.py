@@ -24,10 +24,10 @@ from corrfix.chaos_relay import (
     ChaosRelay,
     add_chaos_arguments,
     chaos_config_from_args,
-    parse_host_port,
     run_chaos,
     serve_chaos,
 )
+from corrfix.netutil import parse_host_port
 from protocol.encoding import encode_request, encode_response
 
 LOOPBACK = "127.0.0.1"
@@ -400,7 +400,7 @@ def test_cli_options_build_the_config():
 
 def test_cli_defaults():
     config = chaos_config_from_args(make_parser().parse_args(["--listen", ":9093", "--upstream", ":9092"]))
-    assert config.listen_host is None  # all interfaces
+    assert config.listen_host == "127.0.0.1"  # a bare :PORT listens on loopback, as corrfix proxy does
     assert config.upstream_host == "127.0.0.1"
     assert config.rules == ChaosRules()
     assert not config.rules.active
