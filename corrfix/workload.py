@@ -217,7 +217,9 @@ def produce_kafka_python(
                     else:
                         _record_failure(result, future.exception)
         finally:
-            producer.close(timeout=max(min(5.0, deadline - time.monotonic()), 0.5))
+            # Past the deadline, unsent records are counted as undelivered, not raised.
+            with contextlib.suppress(kafka.errors.KafkaTimeoutError):
+                producer.close(timeout=max(min(5.0, deadline - time.monotonic()), 0.5))
     result.undelivered += n - result.delivered - result.failed - result.undelivered
     result.correlation_errors += logs.correlation_errors
     result.connection_losses = logs.connection_losses
