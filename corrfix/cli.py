@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 import trio
 
+from .cluster import BrokerPorts
 from .logs import configure_logging
 from .relay import Address, Proxy, ProxyConfig
 from .repair import RepairConfig
@@ -86,6 +87,33 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
         help="what to do when the answer to a Produce without a producer id is lost: re-send it "
         "(at-least-once; logged as a possible duplicate) or disconnect the client (default requeue)",
     )
+    cluster = p.add_argument_group("keeping clients on the proxy")
+    cluster.add_argument(
+        "--advertised-host",
+        metavar="HOST",
+        help="host clients are told for every broker listener (default: the --listen host; "
+        "required when listening on a wildcard address)",
+    )
+    cluster.add_argument(
+        "--broker-port",
+        type=_node_port,
+        action="append",
+        default=[],
+        metavar="NODE=PORT",
+        help="proxy port that stands in for broker NODE (repeatable)",
+    )
+    cluster.add_argument(
+        "--broker-port-base",
+        type=int,
+        metavar="PORT",
+        help="brokers without --broker-port get PORT + node id (default: any free port)",
+    )
+    cluster.add_argument(
+        "--no-rewrite",
+        dest="rewrite",
+        action="store_false",
+        help="relay bytes only: do not rewrite broker addresses nor cap ApiVersions",
+    )
     p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
     _add_common(p)
@@ -107,11 +135,25 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         ),
         max_frame_size=args.max_frame_size,
         connect_timeout=args.connect_timeout,
+        rewrite=args.rewrite,
+        advertised_host=args.advertised_host,
+        broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
     )
 
 
+def _node_port(text: str) -> tuple[int, int]:
+    node, sep, port = text.partition("=")
+    if not sep or not node.strip().lstrip("-").isdigit() or not port.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected NODE=PORT, got {text!r}")
+    return int(node), int(port)
+
+
 def _run_proxy(args: argparse.Namespace) -> int:
-    proxy = Proxy(proxy_config_from_args(args))
+    try:
+        proxy = Proxy(proxy_config_from_args(args))
+    except ValueError as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
     trio.run(run_until_signalled, proxy.serve)
     log.info("proxy stopped", connections=proxy.stats.connections_opened, **dict(proxy.stats.repairs))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 LOOPBACK = "127.0.0.1"
 
@@ -41,3 +42,18 @@ def parse_host_port(text: str, *, default_host: str | None = None) -> tuple[str 
     elif ":" in host:
         raise ValueError(f"write IPv6 addresses in brackets, e.g. [::1]:9092, not {text!r}")
     return (host or default_host), port
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        """Parse HOST:PORT, [IPv6]:PORT or :PORT (loopback)."""
+        host, port = parse_host_port(text, default_host=LOOPBACK)
+        return cls(host or LOOPBACK, port)
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

@@ -10,8 +10,10 @@ upstream reader while the client buffer is full.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,7 +22,8 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
 
-from .netutil import LOOPBACK, parse_host_port
+from .cluster import BrokerPorts, ClusterRouter
+from .netutil import LOOPBACK, Address
 from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
 
@@ -39,21 +42,6 @@ _LOUD_EVENTS = {
 
 
 @dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> Address:
-        """Parse HOST:PORT, [IPv6]:PORT or :PORT (loopback)."""
-        host, port = parse_host_port(text, default_host=LOOPBACK)
-        return cls(host or LOOPBACK, port)
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     listen: Address
     upstream: Address
@@ -62,6 +50,11 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     max_send_buffer: int = 4 * 1024 * 1024
     """Bytes waiting to be sent to one side before the other side's reader pauses."""
+    rewrite: bool = True
+    """Rewrite broker addresses to per-broker proxy listeners and cap ApiVersions."""
+    advertised_host: str | None = None
+    """The host clients are told for every broker listener (default: the listen host)."""
+    broker_ports: BrokerPorts = field(default_factory=BrokerPorts)
 
 
 @dataclass
@@ -128,13 +121,22 @@ class ProxyConnection:
         stats: ProxyStats,
         conn_id: str,
         observer: ConnectionObserver | None = None,
+        *,
+        upstream: Address | None = None,
+        router: ClusterRouter | None = None,
     ) -> None:
         self.client = client
+        self.upstream = upstream or config.upstream
         self.conn_id = conn_id
         self.observer = observer
         self.config = config
         self.stats = stats
-        self.machine = RepairMachine(config.repair)
+        if router is None:
+            self.machine = RepairMachine(config.repair)
+        else:
+            self.machine = RepairMachine(
+                config.repair, transform=router.transform, local_answer=router.local_answer
+            )
         self.to_client = _Outbox()
         self.to_upstream = _Outbox()
         self.repairs: Counter[str] = Counter()
@@ -151,7 +153,7 @@ class ProxyConnection:
         if upstream is None:
             await self.client.aclose()
             return
-        self.log.info("connection opened", upstream=str(self.config.upstream))
+        self.log.info("connection opened", upstream=str(self.upstream))
         if self.observer is not None:
             self.observer.connection_opened(self.conn_id, self._client_peer, _peer_name(upstream))
         async with trio.open_nursery() as nursery:
@@ -174,7 +176,7 @@ class ProxyConnection:
         )
 
     async def _connect_upstream(self) -> trio.SocketStream | None:
-        target = self.config.upstream
+        target = self.upstream
         try:
             with trio.fail_after(self.config.connect_timeout):
                 return await trio.open_tcp_stream(target.host, target.port)
@@ -212,7 +214,7 @@ class ProxyConnection:
             self._abort(f"client connection lost: {exc or type(exc).__name__}")
 
     async def _read_upstream(self, upstream: trio.SocketStream) -> None:
-        decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.config.upstream))
+        decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.upstream))
         machine = self.machine
         limit = self.config.max_send_buffer
         try:
@@ -339,28 +341,78 @@ def _peer_name(stream: trio.SocketStream) -> str:
 
 
 class Proxy:
-    """Accepts clients on the listen address and runs one :class:`ProxyConnection` each."""
+    """Accepts clients and runs one :class:`ProxyConnection` each.
+
+    The bootstrap listener relays to the configured upstream. With rewriting on, every
+    broker the cluster advertises gets a listener of its own, bound the moment its address
+    is first rewritten, so it exists before any client can learn of it.
+    """
 
     def __init__(self, config: ProxyConfig, observer: ConnectionObserver | None = None) -> None:
         self.config = config
         self.observer = observer
         self.stats = ProxyStats()
         self._ids = itertools.count(1)
+        self._ports: set[int] = set()
+        self.router: ClusterRouter | None = None
+        if config.rewrite:
+            self.router = ClusterRouter(
+                config.advertised_host or config.listen.host,
+                config.broker_ports,
+                self._bind_broker_listener,
+                self._own_addresses,
+            )
 
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
         listen = self.config.listen
         listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
+        self._ports.update(address.port for address in bound)
         log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))
-        task_status.started(bound)
-        await trio.serve_listeners(self._handle, listeners)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(bound)
 
-    async def _handle(self, client: trio.SocketStream) -> None:
+    def _own_addresses(self) -> set[Address]:
+        hosts = {self.config.listen.host, LOOPBACK, "localhost"}
+        if self.router is not None:
+            hosts.add(self.router.advertised_host)
+        return {Address(host, port) for host in hosts for port in self._ports}
+
+    def _bind_broker_listener(self, node_id: int, port: int) -> int:
+        """Bind the listener that stands in for broker ``node_id`` (port 0: any free port)."""
+        host = self.config.listen.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        bound = int(sock.getsockname()[1])
+        self._ports.add(bound)
+        handler = functools.partial(self._handle, node_id=node_id)
+        self._nursery.start_soon(trio.serve_listeners, handler, [listener])
+        log.info("broker listener", node_id=node_id, listen=str(Address(host, bound)))
+        return bound
+
+    async def _handle(self, client: trio.SocketStream, node_id: int | None = None) -> None:
         self.stats.connections_opened += 1
         self.stats.connections_active += 1
         conn_id = f"c{next(self._ids)}"
+        upstream = self.config.upstream
+        if node_id is not None and self.router is not None:
+            upstream = self.router.upstream_for(node_id, upstream)
         try:
-            await ProxyConnection(client, self.config, self.stats, conn_id, self.observer).run()
+            connection = ProxyConnection(
+                client, self.config, self.stats, conn_id, self.observer, upstream=upstream, router=self.router
+            )
+            await connection.run()
         except Exception:
             # A bug must cost one connection, never the proxy and everyone else on it.
             log.exception("internal error, connection closed", connection=conn_id)

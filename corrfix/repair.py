@@ -14,6 +14,7 @@ and carries out the returned :class:`Actions`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -48,6 +49,10 @@ _PROBE_TEMPLATE = (
 MAX_ACKS0_MARKERS = 4096
 
 ProducePolicy = Literal["requeue", "disconnect"]
+ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
+"""``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery."""
+LocalAnswer = Callable[[RequestHeader], bytes | None]
+"""Returns the proxy's own answer to a request it must not forward (with the client's id)."""
 
 
 class RepairKind(StrEnum):
@@ -154,8 +159,16 @@ class _Probe:
 class RepairMachine:
     """Tracks one client connection's requests upstream and repairs what goes missing."""
 
-    def __init__(self, config: RepairConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: RepairConfig | None = None,
+        *,
+        transform: ResponseTransform | None = None,
+        local_answer: LocalAnswer | None = None,
+    ) -> None:
         self.config = config or RepairConfig()
+        self._transform = transform
+        self._local_answer = local_answer
         self._next_upstream_id = 0
         self._seq = 0
         # Sends that expect an answer, by upstream id and in send order.
@@ -212,6 +225,8 @@ class RepairMachine:
             return actions
         for frame in frames:
             header = parse_request_header(frame)
+            if self._local_answer is not None and self._answer_locally(frame, header, now):
+                continue
             upstream_id = self._allocate_id()
             patch_request_correlation_id(frame, upstream_id)
             self._seq += 1
@@ -225,6 +240,7 @@ class RepairMachine:
                 self._send_order.append(request)
                 self._client_order.append(request)
             actions.to_upstream.append(frame)
+        self._deliver_ready(actions)
         return actions
 
     def upstream_frames(self, frames: list[bytearray], now: float) -> Actions:
@@ -263,6 +279,18 @@ class RepairMachine:
         return actions
 
     # -- internals ---------------------------------------------------------------------
+
+    def _answer_locally(self, frame: bytearray, header: RequestHeader, now: float) -> bool:
+        """Queue the proxy's own answer in the client's order, if it has one for this request."""
+        assert self._local_answer is not None
+        answer = self._local_answer(header)
+        if answer is None:
+            return False
+        request = _Request(frame, header, now)
+        request.response = bytearray(answer)
+        self._held_bytes += len(answer)
+        self._client_order.append(request)
+        return True
 
     def _allocate_id(self) -> int:
         upstream_id = self._next_upstream_id
@@ -327,6 +355,9 @@ class RepairMachine:
             return
         if entry.attempts == 1:
             self._timer.observe(entry.api_key, max(now - entry.sent_at - self._hold(entry), 0.0))
+        if self._transform is not None:
+            rewritten = self._transform(entry.api_key, entry.api_version, frame)
+            frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         entry.response = frame
         self._held_bytes += len(frame)

@@ -104,3 +104,24 @@ async def test_idempotent_confluent_producer_with_every_kind_of_answer_dropped(t
     produce_drops = stack.relay.policy.counts[0].dropped
     assert produce_drops >= 5
     assert stack.proxy.stats.repairs["requeue"] >= produce_drops
+
+
+async def test_clients_stay_on_corrfix_when_tansu_advertises_itself(tansu):
+    """Rewriting, not the broker's configuration, keeps clients on the proxy."""
+    n = 2_000
+    async with trio.open_nursery() as nursery:
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port)))
+        bound = await nursery.start(proxy.serve)
+        bootstrap = f"127.0.0.1:{bound[0].port}"
+        await in_thread(clients.create_topic, bootstrap, "rewritten", partitions=2)
+        produced = await in_thread(clients.produce_confluent, bootstrap, "rewritten", n, idempotent=True)
+        values = await in_thread(clients.consume_all, bootstrap, "rewritten", n, client="kafka-python")
+        nursery.cancel_scope.cancel()
+    assert produced.ok
+    assert sorted(values) == clients.expected_values(n)
+    router = proxy.router
+    assert router is not None
+    assert router.brokers == {111: Address("127.0.0.1", tansu.port)}
+    assert set(router.listener_ports) == {111}
+    # Bootstrap connections plus the ones made to the broker listener after rewriting.
+    assert proxy.stats.connections_opened > 2

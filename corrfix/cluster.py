@@ -1,0 +1,103 @@
+"""Keep clients on the proxy: which proxy address stands in for which broker (sans-IO).
+
+Every broker address a client learns (Metadata, FindCoordinator, DescribeCluster, KIP-951
+endpoints in Produce and Fetch) is rewritten to a proxy listener that relays to that
+broker. The router learns brokers from the responses it rewrites; the shell starts a
+listener for each node id it has not seen before. It also caps ApiVersions to what the
+proxy can decode, so a client never negotiates a version whose addresses the proxy could
+not rewrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from protocol import RequestHeader
+from protocol.api_versions import cap_api_versions, decodable_max_versions, unsupported_api_versions_response
+from protocol.rewrite import needs_rewrite, rewrite_response
+
+from .netutil import Address
+
+API_VERSIONS_KEY = 18
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPorts:
+    """How a broker's node id maps to the proxy port that stands in for it.
+
+    An explicit map wins; else ``base + node_id``; else any free port. Explicit and base
+    ports are the same in every worker process and across restarts, which clients that
+    cache metadata need.
+    """
+
+    explicit: Mapping[int, int] = field(default_factory=dict)
+    base: int | None = None
+
+    def fixed_port(self, node_id: int) -> int | None:
+        if node_id in self.explicit:
+            return self.explicit[node_id]
+        if self.base is not None:
+            port = self.base + node_id
+            if not 0 < port < 65536:
+                raise ValueError(f"--broker-port-base {self.base} + node id {node_id} is not a valid port")
+            return port
+        return None
+
+
+class ClusterRouter:
+    """Rewrites answers so every broker address points at the proxy, and learns the brokers."""
+
+    def __init__(
+        self,
+        advertised_host: str,
+        ports: BrokerPorts,
+        allocate: Callable[[int, int], int],
+        own_addresses: Callable[[], set[Address]],
+    ) -> None:
+        if advertised_host in WILDCARD_HOSTS:
+            raise ValueError("a wildcard address cannot be advertised to clients; set --advertised-host")
+        self.advertised_host = advertised_host
+        self.ports = ports
+        self._allocate = allocate
+        """``allocate(node_id, port)`` binds a listener (port 0: any) and returns its port."""
+        self._own_addresses = own_addresses
+        self.brokers: dict[int, Address] = {}
+        """The upstream address of each broker, as last advertised by the cluster."""
+        self.listener_ports: dict[int, int] = {}
+        self.caps = decodable_max_versions()
+
+    def upstream_for(self, node_id: int, fallback: Address) -> Address:
+        """Where a connection to the listener of ``node_id`` should go."""
+        return self.brokers.get(node_id, fallback)
+
+    def map_address(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """An :data:`~protocol.rewrite.AddressMapper`: learn the broker, hand out its listener."""
+        if node_id < 0 or not host:
+            return host, port  # an error placeholder, not a broker
+        address = Address(host, port)
+        if address not in self._own_addresses():
+            # A broker that already advertises the proxy (a single-broker sidecar set-up)
+            # keeps relaying to the bootstrap upstream instead of to the proxy itself.
+            self.brokers[node_id] = address
+        listener = self.listener_ports.get(node_id)
+        if listener is None:
+            listener = self._allocate(node_id, self.ports.fixed_port(node_id) or 0)
+            self.listener_ports[node_id] = listener
+        return self.advertised_host, listener
+
+    def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
+        """A :data:`~corrfix.repair.ResponseTransform` for the repair machine."""
+        if api_key == API_VERSIONS_KEY:
+            return cap_api_versions(frame, api_version, self.caps)
+        if needs_rewrite(api_key, api_version):
+            return rewrite_response(frame, api_key, api_version, self.map_address) or frame
+        return frame
+
+    def local_answer(self, header: RequestHeader) -> bytes | None:
+        """A :data:`~corrfix.repair.LocalAnswer`: refuse ApiVersions versions the proxy
+        cannot decode, the way a broker does, so the client retries lower."""
+        if header.api_key == API_VERSIONS_KEY and header.api_version > self.caps[API_VERSIONS_KEY]:
+            return unsupported_api_versions_response(header.correlation_id)
+        return None
