@@ -29,7 +29,9 @@ from protocol import (
     produce_acks,
     produce_is_idempotent,
     response_correlation_id,
+    sasl_mechanism,
 )
+from protocol.headers import MIN_RESPONSE_FRAME
 from protocol.requests import FETCH_KEY, PRODUCE_KEY
 
 from .latency import RetransmitTimer
@@ -47,6 +49,10 @@ _PROBE_TEMPLATE = (
     + PROBE_CLIENT_ID
 )
 MAX_ACKS0_MARKERS = 4096
+SASL_HANDSHAKE_KEY = 17
+# Raw-token round trips after a SaslHandshake v0, by mechanism. A mechanism not listed
+# (GSSAPI, anything custom) has no fixed count: the connection then stays a plain relay.
+SASL_V0_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
 
 ProducePolicy = Literal["requeue", "disconnect"]
 ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
@@ -183,6 +189,12 @@ class RepairMachine:
         self._probes_outstanding = 0
         self._probe_backoff = 0
         self._timer = RetransmitTimer(self.config.probe_min, self.config.probe_after)
+        # SASL v0: after a successful SaslHandshake v0, tokens travel as bare frames with no
+        # header. ``_raw_rounds`` counts the round trips left (None: until the connection
+        # ends); ``_raw_owed`` counts tokens the broker has not answered yet.
+        self._sasl_handshake: _Request | None = None
+        self._raw_rounds: int | None = 0
+        self._raw_owed = 0
         self.closed: str | None = None
 
     # -- state the shell reads ---------------------------------------------------------
@@ -224,6 +236,10 @@ class RepairMachine:
         if self.closed is not None:
             return actions
         for frame in frames:
+            if self.raw_mode:
+                self._raw_owed += 1
+                actions.to_upstream.append(frame)
+                continue
             header = parse_request_header(frame)
             if self._local_answer is not None and self._answer_locally(frame, header, now):
                 continue
@@ -234,6 +250,8 @@ class RepairMachine:
                 self._remember_acks0(upstream_id)
             else:
                 request = _Request(frame, header, now)
+                if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
+                    self._sasl_handshake = request
                 request.upstream_id = upstream_id
                 request.seq = self._seq
                 self._sent[upstream_id] = request
@@ -249,9 +267,17 @@ class RepairMachine:
         for frame in frames:
             if self.closed is not None:
                 break
+            if self._raw_owed or self._raw_rounds is None:
+                self._on_raw_token(frame, actions)
+                continue
             self._on_response(frame, now, actions)
             self._deliver_ready(actions)
         return actions
+
+    @property
+    def raw_mode(self) -> bool:
+        """True while SASL v0 tokens, which carry no header, are being exchanged."""
+        return self._raw_rounds is None or self._raw_rounds > 0
 
     def upstream_closed(self) -> Actions:
         """The broker connection ended; whatever is still owed can never arrive on it."""
@@ -279,6 +305,21 @@ class RepairMachine:
         return actions
 
     # -- internals ---------------------------------------------------------------------
+
+    def _on_raw_token(self, frame: bytearray, actions: Actions) -> None:
+        self._raw_owed = max(self._raw_owed - 1, 0)
+        actions.to_client.append(frame)
+        if self._raw_rounds is not None:
+            self._raw_rounds -= 1
+
+    def _after_sasl_handshake(self, request: _Request, response: bytearray) -> None:
+        """Enter raw-token mode when a SaslHandshake v0 succeeded."""
+        self._sasl_handshake = None
+        body = response[MIN_RESPONSE_FRAME:]
+        if len(body) < 2 or int.from_bytes(body[:2], "big", signed=True) != 0:
+            return
+        mechanism = sasl_mechanism(request.frame, request.header)
+        self._raw_rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
 
     def _answer_locally(self, frame: bytearray, header: RequestHeader, now: float) -> bool:
         """Queue the proxy's own answer in the client's order, if it has one for this request."""
@@ -359,6 +400,8 @@ class RepairMachine:
             rewritten = self._transform(entry.api_key, entry.api_version, frame)
             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
         patch_response_correlation_id(frame, entry.client_correlation_id)
+        if entry is self._sasl_handshake:
+            self._after_sasl_handshake(entry, frame)
         entry.response = frame
         self._held_bytes += len(frame)
 
@@ -450,6 +493,8 @@ class RepairMachine:
 
     def _probe_due(self) -> float | None:
         order = self._send_order
+        if self.raw_mode or self._sasl_handshake is not None:
+            return None  # a probe now would land inside the raw-token exchange
         if not order or self._probes_outstanding >= self.config.max_probes_outstanding:
             return None
         head = order[0]

@@ -17,7 +17,13 @@ from .headers import (
     response_correlation_id,
     response_header_version,
 )
-from .requests import expects_response, fetch_max_wait_ms, produce_acks, produce_is_idempotent
+from .requests import (
+    expects_response,
+    fetch_max_wait_ms,
+    produce_acks,
+    produce_is_idempotent,
+    sasl_mechanism,
+)
 from .schemas import api_name, api_schemas, is_flexible, request_class, response_class
 
 __all__ = [
@@ -45,4 +51,5 @@ __all__ = [
     "response_class",
     "response_correlation_id",
     "response_header_version",
+    "sasl_mechanism",
 ]

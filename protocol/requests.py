@@ -19,6 +19,7 @@ PRODUCE_KEY = 0
 FETCH_KEY = 1
 NO_PRODUCER_ID = -1
 _RECORD_BATCH_MAGIC_OFFSET = 16
+_RECORD_BATCH_HEADER_SIZE = DefaultRecordBatch.HEADER_STRUCT.size
 
 
 def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
@@ -74,13 +75,13 @@ def produce_is_idempotent(frame: BytesLike, header: RequestHeader) -> bool:
     if getattr(request, "transactional_id", None):
         return True
     saw_batch = False
-    for topic in request.topic_data:
-        for partition in topic.partition_data:
+    for topic in request.topic_data or ():  # a null array decodes as None
+        for partition in topic.partition_data or ():
             records = partition.records
             if not records:
                 continue
             data = bytes(records)
-            if len(data) <= _RECORD_BATCH_MAGIC_OFFSET or data[_RECORD_BATCH_MAGIC_OFFSET] != 2:
+            if len(data) < _RECORD_BATCH_HEADER_SIZE or data[_RECORD_BATCH_MAGIC_OFFSET] != 2:
                 return False
             if DefaultRecordBatch(data).producer_id == NO_PRODUCER_ID:
                 return False
@@ -92,3 +93,10 @@ def fetch_max_wait_ms(frame: BytesLike, header: RequestHeader) -> int:
     """How long the broker may hold this Fetch before answering (0 if unreadable)."""
     request = _decode_body(frame, header)
     return max(int(getattr(request, "max_wait_ms", 0) or 0), 0)
+
+
+def sasl_mechanism(frame: BytesLike, header: RequestHeader) -> str | None:
+    """The mechanism a SaslHandshake request names (None if unreadable)."""
+    request = _decode_body(frame, header)
+    mechanism = getattr(request, "mechanism", None)
+    return mechanism if isinstance(mechanism, str) else None

@@ -8,8 +8,10 @@ from collections import deque
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 from corrfix.repair import MAX_CORRELATION_ID, RepairConfig, RepairKind, RepairMachine
+from protocol.encoding import encode_request, encode_response
 from tests.corrfix.repair_model import (
     DELAY,
     DUPLICATE,
@@ -238,3 +240,52 @@ def test_upstream_ids_wrap_at_int32_and_skip_ids_in_use():
         for f in machine.client_frames([request_frame(METADATA, i, i) for i in range(3)], 0.0).to_upstream
     ]
     assert ids == [MAX_CORRELATION_ID, 0, 1]
+
+
+def sasl_handshake(correlation_id: int, mechanism: str) -> bytearray:
+    return bytearray(encode_request(SaslHandshakeRequest[0](mechanism=mechanism), correlation_id, "c"))
+
+
+def sasl_handshake_answer(correlation_id: int, error_code: int = 0) -> bytearray:
+    answer = SaslHandshakeResponse[0](error_code=error_code, mechanisms=["PLAIN", "SCRAM-SHA-256"])
+    return bytearray(encode_response(answer, correlation_id))
+
+
+def raw(data: bytes) -> bytearray:
+    return bytearray(len(data).to_bytes(4, "big") + data)
+
+
+@pytest.mark.parametrize(("mechanism", "rounds"), [("PLAIN", 1), ("SCRAM-SHA-256", 2), ("SCRAM-SHA-512", 2)])
+def test_sasl_v0_tokens_pass_untouched_then_tracking_resumes(mechanism, rounds):
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([sasl_handshake(7, mechanism)], 0.0)
+    delivered = machine.upstream_frames([sasl_handshake_answer(0)], 0.01).to_client
+    assert int.from_bytes(delivered[0][4:8], "big") == 7
+    assert machine.raw_mode and machine.next_deadline() is None  # never probe mid-exchange
+    for i in range(rounds):
+        token = raw(b"Bob\x00secret" + bytes([i]))  # would parse as a ListTransactions header
+        assert machine.client_frames([token], 0.02).to_upstream == [token]
+        reply = raw(b"server-token-%d" % i)
+        assert machine.upstream_frames([reply], 0.03).to_client == [reply]
+    assert not machine.raw_mode
+    sent = machine.client_frames([request_frame(METADATA, 8, 8)], 0.04).to_upstream
+    assert int.from_bytes(sent[0][8:12], "big") == 1  # tracked again, with a proxy id
+    assert machine.upstream_frames([response_frame(1, 8)], 0.05).to_client[0][4:8] == (8).to_bytes(4, "big")
+
+
+def test_failed_sasl_v0_handshake_does_not_enter_raw_mode():
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([sasl_handshake(7, "PLAIN")], 0.0)
+    machine.upstream_frames([sasl_handshake_answer(0, error_code=33)], 0.01)
+    assert not machine.raw_mode
+
+
+def test_sasl_v0_with_an_open_ended_mechanism_stays_a_plain_relay():
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([sasl_handshake(7, "GSSAPI")], 0.0)
+    machine.upstream_frames([sasl_handshake_answer(0)], 0.01)
+    for i in range(5):
+        token = raw(b"kerberos-%d" % i)
+        assert machine.client_frames([token], 0.02).to_upstream == [token]
+        assert machine.upstream_frames([raw(b"reply")], 0.03).to_client == [raw(b"reply")]
+    assert machine.raw_mode and machine.outstanding == 0
