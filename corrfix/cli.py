@@ -12,6 +12,7 @@ import trio
 
 from .cluster import BrokerPorts
 from .logs import configure_logging
+from .metrics import ProxyMetrics
 from .relay import Address, Proxy, ProxyConfig
 from .repair import RepairConfig
 
@@ -114,6 +115,9 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="relay bytes only: do not rewrite broker addresses nor cap ApiVersions",
     )
+    p.add_argument(
+        "--metrics", type=Address.parse, metavar="HOST:PORT", help="serve Prometheus metrics at /metrics"
+    )
     p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
     _add_common(p)
@@ -149,9 +153,12 @@ def _node_port(text: str) -> tuple[int, int]:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    metrics = ProxyMetrics() if args.metrics else None
     try:
-        proxy = Proxy(proxy_config_from_args(args))
-    except ValueError as exc:
+        proxy = Proxy(proxy_config_from_args(args), metrics=metrics)
+        if metrics is not None:
+            metrics.serve(args.metrics)
+    except (ValueError, OSError) as exc:
         log.error("cannot start", error=str(exc))
         return 2
     trio.run(run_until_signalled, proxy.serve)

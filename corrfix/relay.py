@@ -23,6 +23,7 @@ import trio
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
 
 from .cluster import BrokerPorts, ClusterRouter
+from .metrics import ProxyMetrics
 from .netutil import LOOPBACK, Address
 from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
@@ -124,6 +125,7 @@ class ProxyConnection:
         *,
         upstream: Address | None = None,
         router: ClusterRouter | None = None,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream or config.upstream
@@ -131,12 +133,13 @@ class ProxyConnection:
         self.observer = observer
         self.config = config
         self.stats = stats
-        if router is None:
-            self.machine = RepairMachine(config.repair)
-        else:
-            self.machine = RepairMachine(
-                config.repair, transform=router.transform, local_answer=router.local_answer
-            )
+        self.metrics = metrics
+        self.machine = RepairMachine(
+            config.repair,
+            transform=router.transform if router else None,
+            local_answer=router.local_answer if router else None,
+            metrics=metrics,
+        )
         self.to_client = _Outbox()
         self.to_upstream = _Outbox()
         self.repairs: Counter[str] = Counter()
@@ -203,6 +206,8 @@ class ProxyConnection:
                 if not data:
                     self._on_client_eof(decoder)
                     return
+                if self.metrics is not None:
+                    self.metrics.bytes.labels(Side.CLIENT, Direction.REQUEST).inc(len(data))
                 frames = decoder.feed(data)
                 if frames:
                     if self.observer is not None:
@@ -221,6 +226,8 @@ class ProxyConnection:
             while True:
                 await self.to_client.wait_below(limit)
                 data = await upstream.receive_some(RECEIVE_SIZE)
+                if data and self.metrics is not None:
+                    self.metrics.bytes.labels(Side.UPSTREAM, Direction.RESPONSE).inc(len(data))
                 if not data:
                     if decoder.buffered:
                         self.log.warning("upstream closed mid-frame", buffered=decoder.buffered)
@@ -266,6 +273,8 @@ class ProxyConnection:
     def _apply(self, actions: Actions) -> None:
         if self.observer is not None:
             self._observe(actions)
+        if self.metrics is not None:
+            self._count_sent(actions)
         if actions.to_upstream:
             self.to_upstream.write(actions.to_upstream)
         if actions.to_client:
@@ -278,6 +287,15 @@ class ProxyConnection:
             self._finish("client closed")
         self._timer_scope.deadline = self._next_deadline()
         self._state_changed.unpark_all()
+
+    def _count_sent(self, actions: Actions) -> None:
+        assert self.metrics is not None
+        if actions.to_upstream:
+            sent = sum(len(frame) for frame in actions.to_upstream)
+            self.metrics.bytes.labels(Side.UPSTREAM, Direction.REQUEST).inc(sent)
+        if actions.to_client:
+            sent = sum(len(frame) for frame in actions.to_client)
+            self.metrics.bytes.labels(Side.CLIENT, Direction.RESPONSE).inc(sent)
 
     def _observe(self, actions: Actions) -> None:
         observer = self.observer
@@ -293,6 +311,8 @@ class ProxyConnection:
         kind = event.kind.value
         self.repairs[kind] += 1
         self.stats.repairs[kind] += 1
+        if self.metrics is not None:
+            self.metrics.repairs.labels(kind).inc()
         fields = {
             "api": event.api,
             "client_correlation_id": event.client_correlation_id,
@@ -348,10 +368,22 @@ class Proxy:
     is first rewritten, so it exists before any client can learn of it.
     """
 
-    def __init__(self, config: ProxyConfig, observer: ConnectionObserver | None = None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        observer: ConnectionObserver | None = None,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
         self.config = config
         self.observer = observer
+        self.metrics = metrics
         self.stats = ProxyStats()
+        self._live: set[ProxyConnection] = set()
+        if metrics is not None:
+            metrics.track_live(
+                lambda: sum(c.machine.outstanding for c in list(self._live)),
+                lambda: sum(c.machine.held_bytes for c in list(self._live)),
+            )
         self._ids = itertools.count(1)
         self._ports: set[int] = set()
         self.router: ClusterRouter | None = None
@@ -404,18 +436,34 @@ class Proxy:
     async def _handle(self, client: trio.SocketStream, node_id: int | None = None) -> None:
         self.stats.connections_opened += 1
         self.stats.connections_active += 1
+        if self.metrics is not None:
+            self.metrics.connections_opened.inc()
+            self.metrics.connections_active.inc()
         conn_id = f"c{next(self._ids)}"
+        connection: ProxyConnection | None = None
         upstream = self.config.upstream
         if node_id is not None and self.router is not None:
             upstream = self.router.upstream_for(node_id, upstream)
         try:
             connection = ProxyConnection(
-                client, self.config, self.stats, conn_id, self.observer, upstream=upstream, router=self.router
+                client,
+                self.config,
+                self.stats,
+                conn_id,
+                self.observer,
+                upstream=upstream,
+                router=self.router,
+                metrics=self.metrics,
             )
+            self._live.add(connection)
             await connection.run()
         except Exception:
             # A bug must cost one connection, never the proxy and everyone else on it.
             log.exception("internal error, connection closed", connection=conn_id)
             await trio.aclose_forcefully(client)
         finally:
+            if connection is not None:
+                self._live.discard(connection)
             self.stats.connections_active -= 1
+            if self.metrics is not None:
+                self.metrics.connections_active.dec()

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from protocol import (
     RequestHeader,
@@ -35,6 +35,9 @@ from protocol.headers import MIN_RESPONSE_FRAME
 from protocol.requests import FETCH_KEY, PRODUCE_KEY
 
 from .latency import RetransmitTimer
+
+if TYPE_CHECKING:
+    from .metrics import MachineMetrics
 
 API_VERSIONS_KEY = 18
 MAX_CORRELATION_ID = 2**31 - 1
@@ -171,8 +174,10 @@ class RepairMachine:
         *,
         transform: ResponseTransform | None = None,
         local_answer: LocalAnswer | None = None,
+        metrics: MachineMetrics | None = None,
     ) -> None:
         self.config = config or RepairConfig()
+        self._metrics = metrics
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
@@ -241,6 +246,8 @@ class RepairMachine:
                 actions.to_upstream.append(frame)
                 continue
             header = parse_request_header(frame)
+            if self._metrics is not None:
+                self._metrics.request(header.api_key)
             if self._local_answer is not None and self._answer_locally(frame, header, now):
                 continue
             upstream_id = self._allocate_id()
@@ -396,6 +403,8 @@ class RepairMachine:
             return
         if entry.attempts == 1:
             self._timer.observe(entry.api_key, max(now - entry.sent_at - self._hold(entry), 0.0))
+        if self._metrics is not None:
+            self._metrics.answer(entry.api_key, now - entry.first_sent)
         if self._transform is not None:
             rewritten = self._transform(entry.api_key, entry.api_version, frame)
             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)

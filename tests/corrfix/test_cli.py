@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -39,16 +40,18 @@ def test_bad_address_is_a_usage_error():
 
 
 @pytest.mark.broker
-def test_proxy_process_relays_and_stops_cleanly_on_sigterm(tansu_factory, tmp_path):
-    port = free_port()
+def test_proxy_process_relays_serves_metrics_and_stops_cleanly_on_sigterm(tansu_factory, tmp_path):
+    port, metrics_port = free_port(), free_port()
     broker = tansu_factory(advertised_port=port)
-    proxy = CorrfixProcess(
-        ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", broker.bootstrap], port, tmp_path / "p.log"
-    )
+    args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", broker.bootstrap]
+    proxy = CorrfixProcess([*args, "--metrics", f"127.0.0.1:{metrics_port}"], port, tmp_path / "p.log")
     with proxy:
         versions = workload.api_versions(f"127.0.0.1:{port}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            scraped = response.read().decode()
     assert proxy.stop() == 0
     assert versions[18][1] >= 3
+    assert 'corrfix_requests_total{api="ApiVersions"} 1.0' in scraped
     events = [record["event"] for record in proxy.records()]
     assert events[0] == "proxy listening" and events[-1] == "proxy stopped"
     assert "connection closed" in events

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+from prometheus_client import generate_latest
 
+from corrfix.metrics import ProxyMetrics
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from protocol import FrameDecoder
@@ -154,3 +156,28 @@ async def test_bad_input_closes_only_that_connection():
             await good.send_all(request_frame(LIST_OFFSETS, 5, 5))
             assert answers(await read_frames(good, 1)) == [(5, 5)]
         nursery.cancel_scope.cancel()
+
+
+async def test_metrics_count_requests_answers_repairs_and_bytes():
+    metrics = ProxyMetrics()
+    broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        proxy = Proxy(
+            ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), repair=FAST_REPAIR),
+            metrics=metrics,
+        )
+        port = (await nursery.start(proxy.serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            for cid in range(3):
+                await stream.send_all(request_frame(LIST_OFFSETS, cid, cid))
+                await read_frames(stream, 1)
+        text = generate_latest(metrics.registry).decode()
+        nursery.cancel_scope.cancel()
+    assert 'corrfix_requests_total{api="ListOffsets"} 3.0' in text
+    assert 'corrfix_answers_total{api="ListOffsets"} 3.0' in text
+    assert 'corrfix_repairs_total{kind="probe_found_loss"} 1.0' in text
+    assert 'corrfix_request_latency_seconds_count{api="ListOffsets"} 3.0' in text
+    assert "corrfix_connections_active 1.0" in text
+    assert 'corrfix_bytes_total{direction="request",side="client"}' in text
