@@ -120,6 +120,9 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
+    from .capture.writer import add_capture_arguments
+
+    add_capture_arguments(p)
     _add_common(p)
     p.set_defaults(run=_run_proxy)
 
@@ -153,15 +156,24 @@ def _node_port(text: str) -> tuple[int, int]:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    from .capture.writer import capture_writer_from_args
+
     metrics = ProxyMetrics() if args.metrics else None
     try:
-        proxy = Proxy(proxy_config_from_args(args), metrics=metrics)
+        writer = capture_writer_from_args(args)
+        proxy = Proxy(proxy_config_from_args(args), observer=writer, metrics=metrics)
         if metrics is not None:
             metrics.serve(args.metrics)
     except (ValueError, OSError) as exc:
         log.error("cannot start", error=str(exc))
         return 2
-    trio.run(run_until_signalled, proxy.serve)
+    if writer is not None:
+        writer.start()
+    try:
+        trio.run(run_until_signalled, proxy.serve)
+    finally:
+        if writer is not None:
+            writer.close()
     log.info("proxy stopped", connections=proxy.stats.connections_opened, **dict(proxy.stats.repairs))
     return 0
 
@@ -191,8 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_proxy_parser(subparsers)
     _add_chaos_parser(subparsers)
+    _add_capture_parser(subparsers)
     _add_demo_parser(subparsers)
     return parser
+
+
+def _add_capture_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .capture.commands import add_capture_commands
+
+    p = subparsers.add_parser("capture", help="inspect, export and import captures")
+    commands = p.add_subparsers(dest="capture_command", required=True, metavar="COMMAND")
+    for command in add_capture_commands(commands).values():
+        _add_common(command)
 
 
 def _add_chaos_parser(subparsers: argparse._SubParsersAction) -> None:

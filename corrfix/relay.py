@@ -159,24 +159,24 @@ class ProxyConnection:
         self.log.info("connection opened", upstream=str(self.upstream))
         if self.observer is not None:
             self.observer.connection_opened(self.conn_id, self._client_peer, _peer_name(upstream))
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._read_client)
-            nursery.start_soon(self._read_upstream, upstream)
-            nursery.start_soon(self._write, self.to_upstream, upstream, "upstream")
-            nursery.start_soon(self._write, self.to_client, self.client, "client")
-            nursery.start_soon(self._run_timer)
-        with trio.CancelScope(shield=True):
-            await trio.aclose_forcefully(upstream)
-            await trio.aclose_forcefully(self.client)
-        if self.observer is not None:
-            self.observer.connection_closed(self.conn_id, self._close_reason or "done")
-        self.log.info(
-            "connection closed",
-            reason=self._close_reason or "done",
-            outstanding=self.machine.outstanding,
-            **dict(self.repairs),
-        )
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._read_client)
+                nursery.start_soon(self._read_upstream, upstream)
+                nursery.start_soon(self._write, self.to_upstream, upstream, "upstream")
+                nursery.start_soon(self._write, self.to_client, self.client, "client")
+                nursery.start_soon(self._run_timer)
+        finally:
+            # Also when the proxy itself is stopping and this connection is cancelled.
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(upstream)
+                await trio.aclose_forcefully(self.client)
+            reason = self._close_reason or "proxy stopping"
+            if self.observer is not None:
+                self.observer.connection_closed(self.conn_id, reason)
+            outstanding = self.machine.outstanding
+            self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
 
     async def _connect_upstream(self) -> trio.SocketStream | None:
         target = self.upstream

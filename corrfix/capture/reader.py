@@ -43,8 +43,10 @@ def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 def read_capture(path: Path) -> pa.Table:
-    """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`."""
-    batches = list(iter_batches(path))
+    """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`.
+
+    Columns a newer writer added at the end (same schema version) are left out."""
+    batches = [batch.select(CAPTURE_SCHEMA.names) for batch in iter_batches(path)]
     if not batches:
         return CAPTURE_SCHEMA.empty_table()
     return pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA)

@@ -1,0 +1,362 @@
+"""CaptureWriter without sockets: rows, ids across sides, snap length, files, the bounded queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest, SaslHandshakeResponse
+
+from corrfix.capture.files import CaptureFiles
+from corrfix.capture.reader import capture_files, iter_batches, read_capture
+from corrfix.capture.schema import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
+from corrfix.capture.summary import read_summaries
+from corrfix.capture.writer import CaptureWriter, add_capture_arguments, capture_writer_from_args
+from corrfix.repair import RepairConfig
+from protocol import parse_request_header
+from protocol.encoding import encode_request, encode_response
+from tests.corrfix.capture.shell import Shell
+from tests.corrfix.repair_model import METADATA, PRODUCE, request_frame, response_frame
+from tests.fake_broker import api_versions_answer
+
+
+def rows_of(path: Path) -> list[dict]:
+    return read_capture(path).to_pylist()
+
+
+def frames_where(rows: list[dict], side: str, direction: str) -> list[dict]:
+    return [r for r in rows if r["kind"] == "frame" and r["side"] == side and r["direction"] == direction]
+
+
+def ids(rows: list[dict], first: str, second: str) -> list[tuple]:
+    return [(r[first], r[second]) for r in rows]
+
+
+def run_repair_scenario(shell: Shell) -> None:
+    """A lost answer found by a later one, an answered acks=0 Produce, a loss found by a probe."""
+    shell.open()
+    shell.client_sends(*(request_frame(METADATA, 100 + i, i) for i in range(3)))  # upstream 0, 1, 2
+    shell.broker_answers(response_frame(1, 1), response_frame(2, 2))  # 0 lost: re-sent as 3
+    shell.broker_answers(response_frame(3, 0))
+    shell.client_sends(request_frame(PRODUCE, 103, 3, acks=0))  # upstream 4
+    shell.broker_answers(response_frame(4, 3))  # a stray reply to acks=0
+    shell.client_sends(request_frame(METADATA, 104, 4))  # upstream 5, its answer lost
+    shell.tick(10.0)  # probe: upstream 6
+    shell.broker_answers(api_versions_answer(6))  # the probe overtakes 5: re-sent as 7
+    shell.broker_answers(response_frame(7, 4))
+    shell.close()
+
+
+def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer, config=RepairConfig(probe_after=1.0))
+    run_repair_scenario(shell)
+    writer.close()
+    rows = rows_of(tmp_path)
+
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    assert {r["capture_id"] for r in rows} == {writer.capture_id}
+    assert {r["source"] for r in rows} == {"proxy"}
+    assert rows[0]["kind"] == "open" and rows[0]["client_address"] == "127.0.0.1:50001"
+    assert rows[0]["upstream_address"] == "127.0.0.1:9092"
+    assert rows[-1]["kind"] == "close" and rows[-1]["reason"] == "client closed"
+
+    client_requests = frames_where(rows, "client", "request")
+    upstream_requests = frames_where(rows, "upstream", "request")
+    upstream_responses = frames_where(rows, "upstream", "response")
+    client_responses = frames_where(rows, "client", "response")
+    cc, uc = "client_correlation_id", "upstream_correlation_id"
+    assert ids(client_requests, cc, uc) == [(100, 0), (101, 1), (102, 2), (103, 4), (104, 5)]
+    assert ids(upstream_requests, uc, cc) == [
+        (0, 100), (1, 101), (2, 102), (3, 100), (4, 103), (5, 104), (6, None), (7, 104)
+    ]  # fmt: skip
+    assert [r["api_key"] for r in upstream_requests] == [3, 3, 3, 3, 0, 3, 18, 3]
+    assert ids(upstream_responses, uc, cc) == [(1, 101), (2, 102), (3, 100), (4, 103), (6, None), (7, 104)]
+    assert [r["api_key"] for r in upstream_responses] == [3, 3, 3, 0, 18, 3]
+    assert ids(client_responses, cc, uc) == [(100, 3), (101, 1), (102, 2), (104, 7)]
+    assert all(r["api_version"] is not None for r in client_requests + upstream_requests + client_responses)
+
+    # Frame bytes are copies taken at the time: the repair machine patched the frames later.
+    assert [r["frame"] for r in upstream_requests] == shell.sent
+    assert [r["frame"] for r in client_responses] == shell.delivered
+    assert client_requests[0]["frame"] == bytes(request_frame(METADATA, 100, 0))
+    assert all(r["frame_length"] == len(r["frame"]) for r in rows if r["kind"] == "frame")
+
+    repairs = [r for r in rows if r["kind"] == "repair"]
+    assert [r["event"] for r in repairs] == [
+        "skip_detected", "requeue", "stale_drop", "probe_sent", "skip_detected", "requeue", "probe_found_loss"
+    ]  # fmt: skip
+    requeues = [r for r in repairs if r["event"] == "requeue"]
+    assert [(r[cc], r[uc], r["new_upstream_correlation_id"], r["attempt"]) for r in requeues] == [
+        (100, 0, 3, 2),
+        (104, 5, 7, 2),
+    ]
+    assert requeues[0]["api_key"] == 3 and requeues[0]["api_version"] == 0
+    stale = next(r for r in repairs if r["event"] == "stale_drop")
+    assert (stale["api_key"], stale[uc], stale["reason"]) == (0, 4, "reply to acks=0 Produce")
+
+
+def test_snaplen_cuts_frames_and_zero_keeps_only_kafka_headers(tmp_path):
+    request = encode_request(MetadataRequest[9](topics=None, allow_auto_topic_creation=False), 7, "client-x")
+    response = encode_response(
+        MetadataResponse[9](throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=[]), 0
+    )
+    for snaplen in (16, 0):
+        directory = tmp_path / str(snaplen)
+        writer = CaptureWriter(directory, snaplen=snaplen).start()
+        shell = Shell(writer)
+        shell.open()
+        shell.client_sends(request)
+        shell.broker_answers(response)
+        writer.close()
+        frames = [r for r in rows_of(directory) if r["kind"] == "frame"]
+        assert [r["frame_length"] for r in frames] == [
+            len(request),
+            len(request),
+            len(response),
+            len(response),
+        ]
+        if snaplen:
+            assert all(len(r["frame"]) == 16 for r in frames)
+            assert frames[0]["frame"] == request[:16]
+        else:
+            header_end = parse_request_header(request).body_offset
+            assert frames[0]["frame"] == request[:header_end]  # header v2: client id and tagged fields
+            assert len(frames[2]["frame"]) == 9  # response header v1: correlation id and tagged fields
+        assert (
+            frames[0]["api_key"] == 3
+            and frames[0]["api_version"] == 9
+            and frames[0]["client_correlation_id"] == 7
+        )
+
+
+def test_a_file_is_readable_up_to_its_last_flush_while_the_writer_runs(tmp_path):
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()  # only flush() and close() write
+    try:
+        shell = Shell(writer)
+        shell.open()
+        shell.client_sends(request_frame(METADATA, 1, 1))
+        assert writer.flush(timeout=10)
+        first = rows_of(tmp_path)
+        assert [r["kind"] for r in first] == ["open", "frame", "frame"]
+        shell.broker_answers(response_frame(0, 1))
+        assert writer.flush(timeout=10)
+        assert len(list(iter_batches(tmp_path))) == 2  # one batch per flush, no end-of-stream yet
+        assert len(rows_of(tmp_path)) == 5
+        summary = read_summaries(tmp_path)[0]
+        assert (summary.rows_written, summary.finished) == (5, False)
+    finally:
+        writer.close()
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.capture_id, summary.rows_written, summary.rows_lost, summary.finished) == (
+        writer.capture_id,
+        6,
+        0,
+        True,
+    )
+    assert rows_of(tmp_path)[-1]["reason"] == "capture closed"  # c1 was still open
+
+
+def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
+    writer = CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0).start()
+    shell = Shell(writer)
+    shell.open()
+    for i in range(3):
+        shell.client_sends(request_frame(METADATA, i, i))
+        writer.flush(timeout=10)
+    writer.close()
+    files = capture_files(tmp_path)
+    assert files == writer.stats.files and len(files) == 4  # one per flush, then the close row
+    for file in files:
+        with pa.OSFile(str(file), "rb") as source:
+            reader = pa.ipc.open_stream(source)
+            assert reader.schema.equals(CAPTURE_SCHEMA)
+            assert reader.schema.metadata[CAPTURE_ID_KEY] == writer.capture_id.encode()
+            assert reader.schema.metadata[SOURCE_KEY] == b"proxy"
+            assert reader.read_all().num_rows >= 1  # and the end-of-stream marker was written
+    assert [r["seq"] for r in rows_of(tmp_path)] == list(range(8))
+    assert json.loads(writer.summary_path.read_text())["files"] == [f.name for f in files]
+
+
+def test_files_rotate_by_age_even_when_idle(tmp_path):
+    now = [0.0]
+    schema = schema_for("cafe", Source.PROXY)
+    files = CaptureFiles(
+        tmp_path, "capture-x", schema, rotate_bytes=1 << 30, rotate_seconds=5.0, clock=lambda: now[0]
+    )
+    batch = pa.RecordBatch.from_pylist([], schema=schema)
+    files.write(batch)
+    now[0] = 4.9
+    files.rotate_if_old()
+    files.write(batch)
+    assert len(files.files) == 1
+    now[0] = 5.0
+    files.rotate_if_old()  # idle, but old: finished now
+    with pa.OSFile(str(files.files[0]), "rb") as source:
+        assert pa.ipc.open_stream(source).read_all().num_rows == 0  # complete stream
+    files.write(batch)
+    files.finish_file()
+    assert [p.name for p in files.files] == ["capture-x-000001.arrows", "capture-x-000002.arrows"]
+
+
+def test_a_full_queue_drops_rows_and_counts_them_without_blocking(tmp_path):
+    writer = CaptureWriter(tmp_path, queue_rows=5)  # not started: nothing drains the queue
+    shell = Shell(writer)
+    shell.open()  # 1 row
+    shell.client_sends(*(request_frame(METADATA, i, i) for i in range(4)))  # 8 rows
+    shell.broker_answers(*(response_frame(i, i) for i in range(4)))  # 8 rows
+    assert writer.stats.rows_lost == 12
+    writer.close()
+    assert len(rows_of(tmp_path)) == 5
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.rows_written, summary.rows_lost, summary.finished) == (5, 13, True)
+    assert summary.rows_lost_by_kind == {"frame": 12, "close": 1}
+
+
+def test_observer_calls_never_wait_for_a_stuck_writer_thread(tmp_path, monkeypatch):
+    writer = CaptureWriter(tmp_path, queue_rows=10, flush_seconds=60.0)
+    in_write, release = threading.Event(), threading.Event()
+    original = writer._files.write
+
+    def stuck_write(batch):
+        in_write.set()
+        assert release.wait(30), "test did not release the writer"
+        original(batch)
+
+    monkeypatch.setattr(writer._files, "write", stuck_write)
+    writer.start()
+    shell = Shell(writer)
+    shell.open()
+    writer._queue.wake.set()
+    assert in_write.wait(10)
+    for i in range(50):  # 100 rows while the writer thread is stuck in a write
+        shell.client_sends(request_frame(METADATA, i, i))
+    assert not release.is_set() and writer.stats.rows_lost == 90
+    release.set()
+    writer.close()
+    stats = writer.stats
+    assert stats.rows_written == 11 and stats.rows_lost == 91  # and the close row at close()
+    assert len(rows_of(tmp_path)) == 11
+
+
+def test_command_line_options():
+    parser = argparse.ArgumentParser()
+    add_capture_arguments(parser)
+    assert capture_writer_from_args(parser.parse_args([])) is None
+    args = parser.parse_args(
+        [
+            *("--capture-dir", "/tmp/x", "--capture-snaplen", "0", "--capture-rotate-bytes", "64M"),
+            *("--capture-rotate-seconds", "60", "--capture-queue-rows", "10k"),
+            *("--capture-flush-seconds", "0.5"),
+        ]
+    )
+    writer = capture_writer_from_args(args)
+    assert writer is not None
+    assert writer.directory == Path("/tmp/x") and writer._recorder.snaplen == 0
+    assert writer._files.rotate_bytes == 64 * 1024 * 1024 and writer._files.rotate_seconds == 60
+    assert writer._queue.max_rows == 10 * 1024 and writer.flush_seconds == 0.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--capture-snaplen", "lots"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--capture-queue-rows", "0"])
+
+
+def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
+    def local_answer(header):
+        if header.api_key == 18 and header.api_version > 3:
+            return bytes(response_frame(header.correlation_id, 99))
+        return None
+
+    def transform(api_key, api_version, frame):
+        return frame + b"rewritten"
+
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer, machine_options={"local_answer": local_answer, "transform": transform})
+    shell.open()
+    too_new = bytearray(request_frame(METADATA, 1, 1))
+    too_new[4:8] = (18).to_bytes(2, "big") + (9).to_bytes(2, "big")  # ApiVersions v9
+    shell.client_sends(too_new, request_frame(METADATA, 2, 2))
+    shell.broker_answers(response_frame(0, 2))
+    shell.close()
+    writer.close()
+    rows = rows_of(tmp_path)
+    cc, uc = "client_correlation_id", "upstream_correlation_id"
+    assert ids(frames_where(rows, "client", "request"), cc, uc) == [(1, None), (2, 0)]
+    assert ids(frames_where(rows, "upstream", "request"), uc, cc) == [(0, 2)]
+    client_responses = frames_where(rows, "client", "response")
+    assert [(r[cc], r[uc], r["api_key"]) for r in client_responses] == [(1, None, 18), (2, 0, 3)]
+    upstream_response = frames_where(rows, "upstream", "response")[0]
+    assert client_responses[1]["frame"].endswith(b"rewritten")
+    assert not upstream_response["frame"].endswith(b"rewritten")  # what the broker sent, before rewriting
+
+
+def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeypatch):
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0)
+    original = writer._files.write
+    failures = [OSError(28, "No space left on device")]
+
+    def write(batch):
+        if failures:
+            raise failures.pop()
+        original(batch)
+
+    monkeypatch.setattr(writer._files, "write", write)
+    writer.start()
+    shell = Shell(writer)
+    shell.open()
+    assert writer.flush(timeout=10)  # the open row is lost
+    shell.client_sends(request_frame(METADATA, 1, 1))
+    shell.close()
+    writer.close()
+    assert [r["kind"] for r in rows_of(tmp_path)] == ["frame", "frame", "close"]
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.rows_written, summary.rows_lost, summary.rows_lost_by_kind) == (3, 1, {"open": 1})
+
+
+def raw_token(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def test_sasl_credentials_are_never_captured(tmp_path):
+    """SASL v0 tokens (no Kafka header) keep only their size; SaslAuthenticate only its header."""
+    handshake = encode_request(SaslHandshakeRequest[0](mechanism="PLAIN"), 7, "c")
+    handshake_answer = encode_response(SaslHandshakeResponse[0](error_code=0, mechanisms=["PLAIN"]), 0)
+    authenticate = encode_request(SaslAuthenticateRequest[1](auth_bytes=b"\x00bob\x00secret"), 9, "c")
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer)
+    shell.open()
+    shell.client_sends(handshake)
+    shell.broker_answers(handshake_answer)
+    token = raw_token(b"\x00bob\x00secret")  # would read as api key 0, a plausible Produce
+    shell.client_sends(token)
+    shell.broker_answers(raw_token(b""))
+    shell.client_sends(request_frame(METADATA, 8, 8), authenticate)  # tracked again afterwards
+    shell.broker_answers(response_frame(1, 8), response_frame(2, 9))
+    shell.close()
+    writer.close()
+    rows = [r for r in rows_of(tmp_path) if r["kind"] == "frame"]
+    tokens = [r for r in rows if r["reason"] == "sasl_v0_token"]
+    assert [(r["side"], r["direction"], r["frame"], r["frame_length"]) for r in tokens] == [
+        ("client", "request", token[:4], len(token)),
+        ("upstream", "request", token[:4], len(token)),
+        ("upstream", "response", bytes(4), 4),
+        ("client", "response", bytes(4), 4),
+    ]
+    assert all(r["api_key"] is None and r["client_correlation_id"] is None for r in tokens)
+    after = [r for r in rows if r["reason"] is None][4:]  # past the handshake, both sides
+    ids_after = [
+        (r["side"], r["api_key"], r["client_correlation_id"], r["upstream_correlation_id"]) for r in after
+    ]
+    assert ids_after == [
+        ("client", 3, 8, 1), ("client", 36, 9, 2), ("upstream", 3, 8, 1), ("upstream", 36, 9, 2),
+        ("upstream", 3, 8, 1), ("upstream", 36, 9, 2), ("client", 3, 8, 1), ("client", 36, 9, 2),
+    ]  # fmt: skip
+    secret = b"secret"
+    assert not any(secret in r["frame"] for r in rows)
+    # SaslAuthenticate v1: size, api key, version, correlation id, client id "c"; no body
+    assert [len(r["frame"]) for r in after if r["api_key"] == 36 and r["direction"] == "request"] == [15, 15]
