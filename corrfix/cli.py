@@ -204,8 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy_parser(subparsers)
     _add_chaos_parser(subparsers)
     _add_capture_parser(subparsers)
+    _add_replay_parser(subparsers)
     _add_demo_parser(subparsers)
     return parser
+
+
+def _add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .replay import register_command
+
+    _add_common(register_command(subparsers))
 
 
 def _add_capture_parser(subparsers: argparse._SubParsersAction) -> None:

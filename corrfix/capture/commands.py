@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 
 from .info import add_info_arguments, run_info
+from .pcap_import import add_import_command
 from .pcapng import add_pcapng_arguments, run_pcapng
 
 
 def add_capture_commands(
     capture_subparsers: argparse._SubParsersAction,
 ) -> dict[str, argparse.ArgumentParser]:
-    """Add ``info`` and ``pcapng``; returns their parsers (for common options like logging)."""
+    """Add ``info``, ``pcapng`` and ``import-pcap``; returns their parsers (for common options)."""
     info = capture_subparsers.add_parser(
         "info",
         help="connections, time span, frames per api, repair events and lost rows of a capture",
@@ -36,4 +37,4 @@ def add_capture_commands(
     )
     add_pcapng_arguments(pcapng)
     pcapng.set_defaults(run=run_pcapng)
-    return {"info": info, "pcapng": pcapng}
+    return {"info": info, "pcapng": pcapng, "import-pcap": add_import_command(capture_subparsers)}

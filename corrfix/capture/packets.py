@@ -1,0 +1,332 @@
+"""TCP segments out of pcap and pcapng files, whatever the link layer.
+
+The files are walked here rather than by ``dpkt.pcap.Reader`` and ``dpkt.pcapng.Reader``:
+those turn timestamps into floats (nanosecond stamps must stay exact), pass a record cut
+short by a killed tcpdump off as a whole packet, and, for pcapng, know only a file's first
+interface (a capture of ``-i any`` or a merged file has several, of different link types).
+dpkt still parses the pcapng blocks and IPv6 extension headers; the fixed IPv4, IPv6 and
+TCP headers are read with ``struct``, as dpkt's parsers took most of an import's time.
+
+A segment's ``length`` comes from the IP header, not from what was captured: when the snap
+length cut a packet short, the reassembler then knows how many bytes are missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import dpkt
+
+PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
+_PCAP_MAGIC = {  # first four bytes -> (byte order, nanosecond stamps)
+    b"\xd4\xc3\xb2\xa1": ("<", False),
+    b"\xa1\xb2\xc3\xd4": (">", False),
+    b"\x4d\x3c\xb2\xa1": ("<", True),
+    b"\xa1\xb2\x3c\x4d": (">", True),
+}
+_PCAPNG_BYTE_ORDER_LE = b"\x4d\x3c\x2b\x1a"
+_PCAPNG_IDB = 1
+_PCAPNG_PB = 2
+_PCAPNG_SPB = 3
+_PCAPNG_EPB = 6
+_OPT_TSRESOL = 9
+_OPT_TSOFFSET = 14
+
+# Link-layer types (LINKTYPE_* as stored in files; a few DLT_* aliases seen in the wild).
+LINKTYPE_NULL = 0
+LINKTYPE_ETHERNET = 1
+LINKTYPE_RAW = 101
+LINKTYPE_LOOP = 108
+LINKTYPE_LINUX_SLL = 113
+LINKTYPE_IPV4 = 228
+LINKTYPE_IPV6 = 229
+LINKTYPE_LINUX_SLL2 = 276
+_RAW_ALIASES = frozenset({LINKTYPE_RAW, 12, 14, LINKTYPE_IPV4, LINKTYPE_IPV6})
+_ETHERTYPE_IPV4 = 0x0800
+_ETHERTYPE_IPV6 = 0x86DD
+_ETHERTYPE_VLAN = frozenset({0x8100, 0x88A8, 0x9100})
+
+_PROTO_TCP = 6
+_TCP = struct.Struct(">HHIIBB")  # ports, sequence, acknowledgement, data offset, flags
+
+TH_FIN = dpkt.tcp.TH_FIN
+TH_SYN = dpkt.tcp.TH_SYN
+TH_RST = dpkt.tcp.TH_RST
+TH_ACK = dpkt.tcp.TH_ACK
+
+
+@dataclass(frozen=True, slots=True)
+class TcpSegment:
+    """One captured TCP segment. ``payload`` is what was captured of its data; ``length``
+    is the data's real length (longer when the snap length cut the packet)."""
+
+    index: int
+    ts_ns: int
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    seq: int
+    ack: int
+    flags: int
+    payload: bytes
+    length: int
+
+    @property
+    def syn(self) -> bool:
+        return bool(self.flags & TH_SYN)
+
+    @property
+    def fin(self) -> bool:
+        return bool(self.flags & TH_FIN)
+
+    @property
+    def rst(self) -> bool:
+        return bool(self.flags & TH_RST)
+
+    @property
+    def has_ack(self) -> bool:
+        return bool(self.flags & TH_ACK)
+
+
+@dataclass(slots=True)
+class PacketStats:
+    """What the reader saw, for the import summary."""
+
+    packets: int = 0
+    tcp: int = 0
+    not_tcp: int = 0
+    unsupported_link: dict[int, int] = field(default_factory=dict)
+    fragments: int = 0
+    truncated_file: bool = False
+
+
+def read_segments(path: Path, stats: PacketStats | None = None) -> Iterator[TcpSegment]:
+    """Every TCP segment of a pcap or pcapng file, in file order."""
+    stats = stats if stats is not None else PacketStats()
+    with path.open("rb") as f:
+        for ts_ns, linktype, data in _frames(f, stats):
+            stats.packets += 1
+            segment = _parse(stats.packets - 1, ts_ns, linktype, data, stats)
+            if segment is None:
+                stats.not_tcp += 1
+            else:
+                stats.tcp += 1
+                yield segment
+
+
+def format_address(ip: str, port: int) -> str:
+    """``1.2.3.4:9092`` or ``[::1]:9092``."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+def _frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, bytes]]:
+    """(timestamp in ns, link type, link-layer bytes) per packet."""
+    magic = f.read(4)
+    f.seek(0)
+    if magic == PCAPNG_MAGIC:
+        yield from _pcapng_frames(f, stats)
+    else:
+        yield from _pcap_frames(f, stats)
+
+
+def _pcap_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, bytes]]:
+    header = f.read(24)
+    formats = _PCAP_MAGIC.get(header[:4])
+    if formats is None or len(header) < 24:
+        raise ValueError("not a pcap or pcapng file")
+    order, nano = formats
+    linktype = struct.unpack(order + "I", header[20:24])[0] & 0x0FFFFFFF  # upper bits: FCS length
+    record = struct.Struct(order + "IIII")
+    while True:
+        head = f.read(record.size)
+        if len(head) < record.size:
+            stats.truncated_file = stats.truncated_file or bool(head)
+            return
+        seconds, fraction, captured, _original = record.unpack(head)
+        data = f.read(captured)
+        if len(data) < captured:
+            stats.truncated_file = True  # the writer was stopped in the middle of a record
+            return
+        yield seconds * 1_000_000_000 + (fraction if nano else fraction * 1000), linktype, data
+
+
+@dataclass(slots=True)
+class _Interface:
+    linktype: int
+    snaplen: int
+    units_per_second: int = 1_000_000
+    offset_s: int = 0
+
+    def ts_ns(self, high: int, low: int) -> int:
+        ticks = (high << 32) | low
+        return ticks * 1_000_000_000 // self.units_per_second + self.offset_s * 1_000_000_000
+
+
+def _pcapng_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, bytes]]:
+    little = True
+    interfaces: list[_Interface] = []
+    last_ts = 0
+    while True:
+        head = f.read(8)
+        if len(head) < 8:
+            return
+        if head[:4] == PCAPNG_MAGIC:  # section header: byte order may change, interfaces reset
+            bom = f.read(4)
+            little = bom == _PCAPNG_BYTE_ORDER_LE
+            length = struct.unpack("<I" if little else ">I", head[4:])[0]
+            if len(f.read(length - 12)) < length - 12:
+                stats.truncated_file = True
+                return
+            interfaces = []
+            continue
+        order = "<" if little else ">"
+        block_type, length = struct.unpack(order + "II", head)
+        body = f.read(length - 8)
+        if length < 12 or len(body) < length - 8:
+            stats.truncated_file = True
+            return
+        block = head + body
+        if block_type == _PCAPNG_IDB:
+            cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
+            interfaces.append(_interface(cls(block), order))
+        elif block_type == _PCAPNG_EPB:
+            cls = dpkt.pcapng.EnhancedPacketBlockLE if little else dpkt.pcapng.EnhancedPacketBlock
+            epb = cls(block)
+            if epb.iface_id < len(interfaces):
+                iface = interfaces[epb.iface_id]
+                last_ts = iface.ts_ns(epb.ts_high, epb.ts_low)
+                yield last_ts, iface.linktype, bytes(epb.pkt_data)
+        elif block_type == _PCAPNG_PB:
+            cls = dpkt.pcapng.PacketBlockLE if little else dpkt.pcapng.PacketBlock
+            pb = cls(block)
+            if pb.iface_id < len(interfaces):
+                iface = interfaces[pb.iface_id]
+                last_ts = iface.ts_ns(pb.ts_high, pb.ts_low)
+                yield last_ts, iface.linktype, bytes(pb.pkt_data)
+        elif block_type == _PCAPNG_SPB and interfaces:
+            # No timestamp of its own: it inherits the previous packet's.
+            original = struct.unpack(order + "I", body[:4])[0]
+            iface = interfaces[0]
+            captured = min(original, iface.snaplen or original, len(body) - 8)
+            yield last_ts, iface.linktype, bytes(body[4 : 4 + captured])
+
+
+def _interface(idb: dpkt.pcapng.InterfaceDescriptionBlock, order: str) -> _Interface:
+    iface = _Interface(idb.linktype, idb.snaplen)
+    for opt in idb.opts:
+        if opt.code == _OPT_TSRESOL and opt.data:
+            resolution = opt.data[0]
+            base = 2 if resolution & 0x80 else 10
+            iface.units_per_second = base ** (resolution & 0x7F)
+        elif opt.code == _OPT_TSOFFSET and len(opt.data) >= 8:
+            iface.offset_s = struct.unpack(order + "q", opt.data[:8])[0]
+    return iface
+
+
+# -- packets ---------------------------------------------------------------------------------
+
+
+def _network_bytes(linktype: int, data: bytes) -> bytes | None:
+    """The IP packet inside a link-layer frame, or None for anything else."""
+    if linktype == LINKTYPE_ETHERNET:
+        if len(data) < 14:
+            return None
+        pos, ethertype = 14, int.from_bytes(data[12:14], "big")
+        while ethertype in _ETHERTYPE_VLAN and len(data) >= pos + 4:
+            ethertype = int.from_bytes(data[pos + 2 : pos + 4], "big")
+            pos += 4
+        return data[pos:] if ethertype in (_ETHERTYPE_IPV4, _ETHERTYPE_IPV6) else None
+    if linktype == LINKTYPE_LINUX_SLL:
+        ethertype = int.from_bytes(data[14:16], "big")
+        return data[16:] if ethertype in (_ETHERTYPE_IPV4, _ETHERTYPE_IPV6) else None
+    if linktype == LINKTYPE_LINUX_SLL2:
+        ethertype = int.from_bytes(data[0:2], "big")
+        return data[20:] if ethertype in (_ETHERTYPE_IPV4, _ETHERTYPE_IPV6) else None
+    if linktype in (LINKTYPE_NULL, LINKTYPE_LOOP):
+        return data[4:]  # the address family's byte order varies; the IP version nibble decides
+    if linktype in _RAW_ALIASES:
+        return data
+    return None
+
+
+def _parse(index: int, ts_ns: int, linktype: int, data: bytes, stats: PacketStats) -> TcpSegment | None:
+    network = _network_bytes(linktype, data)
+    if network is None:
+        if linktype not in _KNOWN_LINKTYPES:
+            stats.unsupported_link[linktype] = stats.unsupported_link.get(linktype, 0) + 1
+        return None
+    ip = _ip_payload(network, stats)
+    if ip is None:
+        return None
+    src, dst, segment, tcp_length = ip
+    if len(segment) < _TCP.size:
+        return None
+    sport, dport, seq, ack, offset, flags = _TCP.unpack_from(segment)
+    header = (offset >> 4) * 4
+    if header < _TCP.size or len(segment) < header:
+        return None
+    payload = segment[header:]
+    length = len(payload) if tcp_length is None else max(tcp_length - header, 0)
+    return TcpSegment(
+        index, ts_ns, _address(src), sport, _address(dst), dport, seq, ack, flags, payload[:length], length
+    )
+
+
+def _ip_payload(network: bytes, stats: PacketStats) -> tuple[bytes, bytes, bytes, int | None] | None:
+    """(source, destination, TCP segment as captured, its real length) of an IP packet carrying TCP.
+
+    IPv4 and plain IPv6 headers are read by hand (this runs for every packet); dpkt walks
+    IPv6 extension headers. A zero total length (segmentation offload) means "as captured".
+    """
+    if not network:
+        return None
+    version = network[0] >> 4
+    if version == 4 and len(network) >= 20:
+        if network[9] != _PROTO_TCP:
+            return None
+        if int.from_bytes(network[6:8], "big") & 0x3FFF:  # more fragments, or a fragment offset
+            stats.fragments += 1
+            return None
+        header = (network[0] & 0x0F) * 4
+        total = int.from_bytes(network[2:4], "big")
+        segment = network[header:total] if total else network[header:]
+        return network[12:16], network[16:20], segment, (total - header if total else None)
+    if version == 6 and len(network) >= 40:
+        length = int.from_bytes(network[4:6], "big")
+        extensions = 0
+        if network[6] != _PROTO_TCP:
+            try:
+                ip6 = dpkt.ip6.IP6(network)
+            except (dpkt.UnpackError, struct.error, IndexError):
+                return None
+            if 44 in ip6.extension_hdrs:
+                stats.fragments += 1
+                return None
+            if ip6.p != _PROTO_TCP:
+                return None
+            extensions = sum(h.length for h in ip6.all_extension_headers)
+        start = 40 + extensions
+        segment = network[start : 40 + length] if length else network[start:]
+        return network[8:24], network[24:40], segment, (length - extensions if length else None)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _address(packed: bytes) -> str:
+    return str(ipaddress.ip_address(packed))
+
+
+_KNOWN_LINKTYPES = (
+    frozenset({LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, LINKTYPE_NULL, LINKTYPE_LOOP})
+    | _RAW_ALIASES
+)
