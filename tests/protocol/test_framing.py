@@ -1,0 +1,230 @@
+"""Size-prefixed framing (protocol.framing)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from protocol.errors import FrameSizeError, ProtocolError
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder, frame
+
+PAYLOADS = st.lists(st.binary(max_size=300), max_size=12)
+CHUNK_TYPES = st.sampled_from([bytes, bytearray, memoryview])
+# Compaction slack the decoder may keep of already returned bytes before it moves data.
+COMPACTION_SLACK = 65536
+
+
+def split(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(stream)) for c in cuts})
+    bounds = [0, *points, len(stream)]
+    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def size_prefix(size: int) -> bytes:
+    return size.to_bytes(SIZE_PREFIX, "big", signed=True)
+
+
+# -- frame() -------------------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(payload=st.binary(max_size=2000), kind=CHUNK_TYPES)
+def test_frame_prefixes_the_big_endian_size(payload, kind):
+    framed = frame(kind(payload))
+    assert isinstance(framed, bytes)
+    assert int.from_bytes(framed[:4], "big") == len(payload)
+    assert framed[4:] == payload
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+@settings(max_examples=150)
+@given(payloads=PAYLOADS, cuts=st.lists(st.integers(0, 5000), max_size=40), kind=CHUNK_TYPES)
+def test_frames_split_anywhere_come_back_identical_and_in_order(payloads, cuts, kind):
+    stream = b"".join(frame(p) for p in payloads)
+    decoder = FrameDecoder(max_frame_size=300)
+    out: list[bytearray] = []
+    fed = 0
+    for chunk in split(stream, cuts):
+        got = decoder.feed(kind(chunk))
+        assert all(isinstance(f, bytearray) for f in got)
+        out.extend(got)
+        fed += len(chunk)
+        # nothing is lost or duplicated: what is not returned yet is buffered
+        assert decoder.buffered == fed - sum(len(f) for f in out)
+    assert [bytes(f) for f in out] == [frame(p) for p in payloads]
+    assert decoder.buffered == 0
+    assert decoder.pending_frame_size() is None
+
+
+@settings(max_examples=50)
+@given(payloads=PAYLOADS)
+def test_byte_at_a_time_feeding(payloads):
+    stream = b"".join(frame(p) for p in payloads)
+    decoder = FrameDecoder()
+    out = []
+    for i in range(len(stream)):
+        out.extend(decoder.feed(stream[i : i + 1]))
+    assert [bytes(f) for f in out] == [frame(p) for p in payloads]
+
+
+@settings(max_examples=50)
+@given(payloads=PAYLOADS)
+def test_all_frames_in_one_feed(payloads):
+    decoder = FrameDecoder()
+    assert [bytes(f) for f in decoder.feed(b"".join(frame(p) for p in payloads))] == [
+        frame(p) for p in payloads
+    ]
+
+
+def test_returned_frames_are_independent_copies():
+    decoder = FrameDecoder()
+    first, second = decoder.feed(frame(b"abcd") + frame(b"efgh"))
+    first[4:8] = b"XXXX"
+    assert bytes(second) == frame(b"efgh")
+    (third,) = decoder.feed(frame(b"ijkl"))
+    assert bytes(third) == frame(b"ijkl")
+    assert bytes(first) == frame(b"XXXX")
+
+
+def test_empty_feed_returns_nothing():
+    decoder = FrameDecoder()
+    assert decoder.feed(b"") == []
+    assert decoder.buffered == 0
+    assert decoder.pending_frame_size() is None
+
+
+# -- partial frames ------------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(payloads=PAYLOADS, last=st.binary(max_size=300), data=st.data())
+def test_partial_frame_is_buffered_until_complete(payloads, last, data):
+    tail = frame(last)
+    keep = data.draw(st.integers(0, len(tail) - 1))
+    decoder = FrameDecoder(max_frame_size=300)
+    got = decoder.feed(b"".join(frame(p) for p in payloads) + tail[:keep])
+    assert [bytes(f) for f in got] == [frame(p) for p in payloads]
+    assert decoder.buffered == keep
+    expected_pending = len(last) if keep >= SIZE_PREFIX else None
+    assert decoder.pending_frame_size() == expected_pending
+    assert [bytes(f) for f in decoder.feed(tail[keep:])] == [tail]
+    assert decoder.buffered == 0
+    assert decoder.pending_frame_size() is None
+
+
+def test_pending_frame_size_needs_all_four_prefix_bytes():
+    decoder = FrameDecoder()
+    prefix = size_prefix(0x010203)
+    for i in range(3):
+        decoder.feed(prefix[i : i + 1])
+        assert decoder.pending_frame_size() is None
+        assert decoder.buffered == i + 1
+    decoder.feed(prefix[3:])
+    assert decoder.pending_frame_size() == 0x010203
+    assert decoder.buffered == 4
+
+
+# -- size limits ---------------------------------------------------------------------------
+
+
+def test_zero_size_frames_are_fine():
+    decoder = FrameDecoder(max_frame_size=0)
+    assert decoder.feed(b"\x00\x00\x00\x00" * 3) == [bytearray(b"\x00\x00\x00\x00")] * 3
+    assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize("max_size", [0, 1, 17, 1024])
+def test_frame_of_exactly_the_maximum_is_accepted(max_size):
+    decoder = FrameDecoder(max_frame_size=max_size)
+    payload = bytes(range(256)) * (max_size // 256 + 1)
+    assert decoder.feed(frame(payload[:max_size])) == [bytearray(frame(payload[:max_size]))]
+    with pytest.raises(FrameSizeError):
+        decoder.feed(size_prefix(max_size + 1))
+
+
+def test_default_maximum():
+    assert FrameDecoder().max_frame_size == DEFAULT_MAX_FRAME_SIZE == 100 * 1024 * 1024
+
+
+BAD_SIZES = st.one_of(st.integers(-(2**31), -1), st.integers(1001, 2**31 - 1))
+
+
+@settings(max_examples=50)
+@given(size=BAD_SIZES, before=PAYLOADS, peer=st.text(min_size=1, max_size=30))
+def test_bad_size_is_rejected_as_soon_as_the_prefix_arrives(size, before, peer):
+    decoder = FrameDecoder(max_frame_size=1000, peer=peer)
+    # complete frames before the bad one are returned normally
+    good = decoder.feed(b"".join(frame(p) for p in before))
+    assert [bytes(f) for f in good] == [frame(p) for p in before]
+    prefix = size_prefix(size)
+    for i in range(SIZE_PREFIX - 1):
+        assert decoder.feed(prefix[i : i + 1]) == []
+    # the fourth byte is enough: no body is needed (or buffered) to refuse it
+    with pytest.raises(FrameSizeError) as info:
+        decoder.feed(prefix[3:])
+    err = info.value
+    assert isinstance(err, ProtocolError)
+    assert err.size == size
+    assert err.max_size == 1000
+    assert err.peer == peer
+    assert str(size) in str(err)
+    assert peer in str(err)
+    assert ("negative" in str(err)) == (size < 0)
+
+
+@settings(max_examples=50)
+@given(size=BAD_SIZES, body=st.binary(max_size=64))
+def test_bad_size_with_body_in_the_same_chunk_is_rejected(size, body):
+    decoder = FrameDecoder(max_frame_size=1000)
+    with pytest.raises(FrameSizeError) as info:
+        decoder.feed(frame(b"ok") + size_prefix(size) + body)
+    assert info.value.size == size
+    assert info.value.peer is None
+    assert "(peer" not in str(info.value)
+
+
+def test_huge_announced_size_is_refused_before_any_body():
+    decoder = FrameDecoder(peer="10.0.0.1:5555")
+    with pytest.raises(FrameSizeError, match=r"frame size 2147483647 .*\(peer 10\.0\.0\.1:5555\)"):
+        decoder.feed(b"\x7f\xff\xff\xff")
+
+
+# -- bounded memory ------------------------------------------------------------------------
+
+
+# seeded generation: shrinking a 120 KB stream would only take minutes and say nothing more
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(seed=st.integers(0, 2**32 - 1), max_chunk=st.integers(64, 9000), max_size=st.integers(0, 2000))
+def test_memory_stays_bounded_over_a_long_stream(seed, max_chunk, max_size):
+    rnd = random.Random(seed)
+    # ~120 KB of frames, well above max_size + one chunk + the compaction slack
+    parts = []
+    boundaries = set()
+    total = 0
+    while total < 120_000:
+        size = rnd.choice([0, min(1, max_size), max_size, rnd.randint(0, max_size)])
+        parts.append(frame(rnd.randbytes(size)))
+        total += len(parts[-1])
+        boundaries.add(total)
+    stream = b"".join(parts)
+    decoder = FrameDecoder(max_frame_size=max_size)
+    count = 0
+    pos = 0
+    while pos < len(stream):
+        stop = min(pos + rnd.randint(1, max_chunk), len(stream))
+        if stop in boundaries and stop < len(stream):
+            stop += 1  # never leave the buffer empty, so only compaction can free it
+        count += len(decoder.feed(stream[pos:stop]))
+        pos = stop
+        # what is still buffered is at most one incomplete frame
+        assert decoder.buffered < max_size + SIZE_PREFIX
+        # and the storage behind it stays within max frame + one chunk (+ compaction slack)
+        assert len(decoder._buf) <= max_size + SIZE_PREFIX + max(max_chunk + 1, COMPACTION_SLACK)
+    assert count == len(parts)
+    assert decoder.buffered == 0
