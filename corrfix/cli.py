@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +18,7 @@ from .relay import Address, Proxy, ProxyConfig
 from .repair import RepairConfig
 
 log = structlog.get_logger("corrfix")
+DRAIN_TIMEOUT = 30.0
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +120,35 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics", type=Address.parse, metavar="HOST:PORT", help="serve Prometheus metrics at /metrics"
     )
+    limits = p.add_argument_group("limits")
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=relay_defaults.max_connections,
+        help=f"client connections beyond this are closed at once (default {relay_defaults.max_connections})",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=relay_defaults.idle_timeout,
+        metavar="SECONDS",
+        help="close a connection with nothing outstanding and no traffic this long "
+        f"(default {relay_defaults.idle_timeout:g})",
+    )
+    limits.add_argument(
+        "--connect-retries",
+        type=int,
+        default=relay_defaults.connect_retries,
+        help=f"upstream connect retries, with backoff (default {relay_defaults.connect_retries})",
+    )
+    limits.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DRAIN_TIMEOUT,
+        metavar="SECONDS",
+        help="on SIGTERM, stop accepting and let outstanding requests finish this long; "
+        f"SIGINT or a second SIGTERM stops at once (default {DRAIN_TIMEOUT:g})",
+    )
     p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
     from .capture.writer import add_capture_arguments
@@ -142,6 +173,9 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         ),
         max_frame_size=args.max_frame_size,
         connect_timeout=args.connect_timeout,
+        connect_retries=args.connect_retries,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,
         broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
@@ -170,7 +204,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
     if writer is not None:
         writer.start()
     try:
-        trio.run(run_until_signalled, proxy.serve)
+        drain = functools.partial(proxy.drain, args.drain_timeout)
+        trio.run(functools.partial(run_until_signalled, proxy.serve, drain=drain))
     finally:
         if writer is not None:
             writer.close()
@@ -178,8 +213,14 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
-    """Run ``main`` until it returns or SIGINT/SIGTERM arrives, then cancel it cleanly."""
+async def run_until_signalled(
+    main: Callable[[], Awaitable[object]], drain: Callable[[], None] | None = None
+) -> None:
+    """Run ``main`` until it returns or a signal stops it.
+
+    With ``drain``, the first SIGTERM calls it and ``main`` is left to finish; SIGINT, or
+    SIGTERM without ``drain`` or a second time, cancels ``main`` at once.
+    """
     async with trio.open_nursery() as nursery:
 
         async def run_main() -> None:
@@ -189,7 +230,13 @@ async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
         nursery.start_soon(run_main)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info("stopping", signal=signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                if signum == signal.SIGTERM and drain is not None:
+                    log.info("draining", signal=name)
+                    drain()
+                    drain = None
+                    continue
+                log.info("stopping", signal=name)
                 nursery.cancel_scope.cancel()
                 return
 

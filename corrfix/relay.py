@@ -29,6 +29,8 @@ from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
 
 RECEIVE_SIZE = 256 * 1024
+CONNECT_BACKOFF = 0.1
+"""First pause between upstream connect attempts; it doubles each time."""
 FLUSH_TIMEOUT = 10.0
 """How long a closing connection may spend delivering what it still owes the client."""
 log = structlog.get_logger("corrfix.proxy")
@@ -49,6 +51,13 @@ class ProxyConfig:
     repair: RepairConfig = field(default_factory=RepairConfig)
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     connect_timeout: float = 10.0
+    connect_retries: int = 2
+    """Further upstream connect attempts after a refused or timed-out one, with backoff."""
+    max_connections: int = 10_000
+    """Client connections beyond this are closed at once, with a log line."""
+    idle_timeout: float = 600.0
+    """Close a connection with nothing outstanding and no bytes either way for this long
+    (Kafka brokers' connections.max.idle.ms is 10 minutes)."""
     max_send_buffer: int = 4 * 1024 * 1024
     """Bytes waiting to be sent to one side before the other side's reader pauses."""
     rewrite: bool = True
@@ -146,6 +155,10 @@ class ProxyConnection:
         self._state_changed = trio.lowlevel.ParkingLot()
         self._timer_scope = trio.CancelScope()
         self._client_eof = False
+        self._draining = False
+        self._last_activity = 0.0
+        self._nursery: trio.Nursery | None = None
+        self._client_reader_scope = trio.CancelScope()
         self._close_reason: str | None = None
         peer = _peer_name(client)
         self.log = log.bind(connection=conn_id, client=peer)
@@ -159,6 +172,7 @@ class ProxyConnection:
         self.log.info("connection opened", upstream=str(self.upstream))
         if self.observer is not None:
             self.observer.connection_opened(self.conn_id, self._client_peer, _peer_name(upstream))
+        self._last_activity = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -167,6 +181,9 @@ class ProxyConnection:
                 nursery.start_soon(self._write, self.to_upstream, upstream, "upstream")
                 nursery.start_soon(self._write, self.to_client, self.client, "client")
                 nursery.start_soon(self._run_timer)
+                nursery.start_soon(self._watch_idle)
+                if self._draining:
+                    self.drain()
         finally:
             # Also when the proxy itself is stopping and this connection is cancelled.
             with trio.CancelScope(shield=True):
@@ -180,43 +197,58 @@ class ProxyConnection:
 
     async def _connect_upstream(self) -> trio.SocketStream | None:
         target = self.upstream
-        try:
-            with trio.fail_after(self.config.connect_timeout):
-                return await trio.open_tcp_stream(target.host, target.port)
-        except (OSError, trio.TooSlowError) as exc:
-            self.log.error(
-                "upstream unreachable, closing client", upstream=str(target), error=str(exc) or "timeout"
-            )
-            return None
+        attempts = self.config.connect_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                with trio.fail_after(self.config.connect_timeout):
+                    return await trio.open_tcp_stream(target.host, target.port)
+            except (OSError, trio.TooSlowError) as exc:
+                error = str(exc) or "timeout"
+                if attempt == attempts:
+                    self.log.error(
+                        "upstream unreachable, closing client",
+                        upstream=str(target),
+                        attempts=attempts,
+                        error=error,
+                    )
+                    return None
+                self.log.info("upstream connect failed, retrying", upstream=str(target), error=error)
+                await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
+        return None
 
     # -- the five tasks ----------------------------------------------------------------
 
     async def _read_client(self) -> None:
         decoder = FrameDecoder(self.config.max_frame_size, peer=self._client_peer)
-        machine = self.machine
         limit = self.config.max_send_buffer
         try:
-            while True:
-                while not machine.accepting_requests:
-                    if machine.closed is not None:
-                        return
-                    await self._state_changed.park()
-                await self.to_upstream.wait_below(limit)
-                data = await self.client.receive_some(RECEIVE_SIZE)
-                if not data:
-                    self._on_client_eof(decoder)
-                    return
-                if self.metrics is not None:
-                    self.metrics.bytes.labels(Side.CLIENT, Direction.REQUEST).inc(len(data))
-                frames = decoder.feed(data)
-                if frames:
-                    if self.observer is not None:
-                        self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
-                    self._apply(machine.client_frames(frames, trio.current_time()))
+            with self._client_reader_scope:
+                await self._relay_requests(decoder, limit)
         except ProtocolError as exc:
             self._abort(f"bad request from client: {exc}", warning=True)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._abort(f"client connection lost: {exc or type(exc).__name__}")
+
+    async def _relay_requests(self, decoder: FrameDecoder, limit: int) -> None:
+        machine = self.machine
+        while True:
+            while not machine.accepting_requests:
+                if machine.closed is not None:
+                    return
+                await self._state_changed.park()
+            await self.to_upstream.wait_below(limit)
+            data = await self.client.receive_some(RECEIVE_SIZE)
+            self._last_activity = trio.current_time()
+            if not data:
+                self._on_client_eof(decoder)
+                return
+            if self.metrics is not None:
+                self.metrics.bytes.labels(Side.CLIENT, Direction.REQUEST).inc(len(data))
+            frames = decoder.feed(data)
+            if frames:
+                if self.observer is not None:
+                    self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
+                self._apply(machine.client_frames(frames, trio.current_time()))
 
     async def _read_upstream(self, upstream: trio.SocketStream) -> None:
         decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.upstream))
@@ -226,6 +258,7 @@ class ProxyConnection:
             while True:
                 await self.to_client.wait_below(limit)
                 data = await upstream.receive_some(RECEIVE_SIZE)
+                self._last_activity = trio.current_time()
                 if data and self.metrics is not None:
                     self.metrics.bytes.labels(Side.UPSTREAM, Direction.RESPONSE).inc(len(data))
                 if not data:
@@ -283,8 +316,8 @@ class ProxyConnection:
             self._record(event)
         if actions.close is not None:
             self._finish(actions.close)
-        elif self._client_eof and self.machine.outstanding == 0:
-            self._finish("client closed")
+        elif self.machine.outstanding == 0 and (self._client_eof or self._draining):
+            self._finish("client closed" if self._client_eof else "proxy draining")
         self._timer_scope.deadline = self._next_deadline()
         self._state_changed.unpark_all()
 
@@ -326,6 +359,27 @@ class ProxyConnection:
             self.log.warning(f"repair.{kind}", **fields)
         else:
             self.log.debug(f"repair.{kind}", **fields)
+
+    async def _watch_idle(self) -> None:
+        idle = self.config.idle_timeout
+        while True:
+            deadline = self._last_activity + idle
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+            elif self.machine.outstanding == 0:
+                self._finish(f"idle for {idle:g}s")
+                return
+            else:
+                await trio.sleep(idle)  # a long request (a Fetch long-poll) is not idleness
+
+    def drain(self) -> None:
+        """Stop reading requests; close once every outstanding request is answered."""
+        self._draining = True
+        if self._nursery is None:
+            return  # still connecting: run() drains as soon as it starts
+        self._client_reader_scope.cancel()
+        if self.machine.outstanding == 0:
+            self._finish("proxy draining")
 
     def _on_client_eof(self, decoder: FrameDecoder) -> None:
         if decoder.buffered:
@@ -386,6 +440,7 @@ class Proxy:
             )
         self._ids = itertools.count(1)
         self._ports: set[int] = set()
+        self._listening = trio.CancelScope()
         self.router: ClusterRouter | None = None
         if config.rewrite:
             self.router = ClusterRouter(
@@ -396,15 +451,30 @@ class Proxy:
             )
 
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, or until :meth:`drain` has let every connection finish."""
         listen = self.config.listen
         listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
         self._ports.update(address.port for address in bound)
         log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(bound)
+        async with trio.open_nursery() as connections:
+            self._connections = connections
+            with self._listening:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    serve = functools.partial(trio.serve_listeners, handler_nursery=connections)
+                    await nursery.start(serve, self._handle, listeners)
+                    task_status.started(bound)
+        log.info("proxy drained" if self._listening.cancel_called else "proxy stopped serving")
+
+    def drain(self, timeout: float) -> None:
+        """Stop accepting; let each connection finish what it owes, for at most ``timeout``."""
+        log.info("draining", connections=len(self._live), timeout=timeout)
+        self._listening.cancel()
+        for connection in list(self._live):
+            connection.drain()
+        scope = self._connections.cancel_scope
+        scope.deadline = min(scope.deadline, trio.current_time() + timeout)
 
     def _own_addresses(self) -> set[Address]:
         hosts = {self.config.listen.host, LOOPBACK, "localhost"}
@@ -429,11 +499,21 @@ class Proxy:
         bound = int(sock.getsockname()[1])
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)
-        self._nursery.start_soon(trio.serve_listeners, handler, [listener])
+        serve = functools.partial(trio.serve_listeners, handler_nursery=self._connections)
+        self._nursery.start_soon(serve, handler, [listener])
         log.info("broker listener", node_id=node_id, listen=str(Address(host, bound)))
         return bound
 
     async def _handle(self, client: trio.SocketStream, node_id: int | None = None) -> None:
+        if self.stats.connections_active >= self.config.max_connections or self._listening.cancel_called:
+            log.warning(
+                "refusing connection",
+                client=_peer_name(client),
+                reason="draining" if self._listening.cancel_called else "max connections reached",
+                active=self.stats.connections_active,
+            )
+            await trio.aclose_forcefully(client)
+            return
         self.stats.connections_opened += 1
         self.stats.connections_active += 1
         if self.metrics is not None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import trio
 import trio.testing
 from prometheus_client import generate_latest
+from structlog.testing import capture_logs
 
 from corrfix.metrics import ProxyMetrics
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from protocol import FrameDecoder
 from tests.corrfix.repair_model import PRODUCE, request_frame
-from tests.fake_broker import FakeBroker
+from tests.fake_broker import FakeBroker, echo_answer
 
 # Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
 # corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
@@ -181,3 +182,93 @@ async def test_metrics_count_requests_answers_repairs_and_bytes():
     assert 'corrfix_request_latency_seconds_count{api="ListOffsets"} 3.0' in text
     assert "corrfix_connections_active 1.0" in text
     assert 'corrfix_bytes_total{direction="request",side="client"}' in text
+
+
+async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
+    release = trio.Event()
+    received = trio.Event()
+
+    async def slow_broker(stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        frames: list[bytearray] = []
+        while not frames:
+            frames = decoder.feed(await stream.receive_some(65536))
+        received.set()
+        await release.wait()
+        await stream.send_all(echo_answer(frames[0], 15))
+        await stream.receive_some(100)
+
+    async with trio.open_nursery() as nursery:
+        broker_listeners = await nursery.start(trio.serve_tcp, slow_broker, 0)
+        broker_port = broker_listeners[0].socket.getsockname()[1]
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False))
+        served = trio.Event()
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            await proxy.serve(task_status=task_status)
+            served.set()
+
+        port = (await nursery.start(serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_frame(LIST_OFFSETS, 41, 41))
+            await received.wait()
+            proxy.drain(timeout=10)
+            try:
+                await trio.open_tcp_stream("127.0.0.1", port)
+                refused = False
+            except OSError:
+                refused = True
+            release.set()
+            got = answers(await read_frames(stream, 2))  # the answer, then end of stream
+            await served.wait()  # serve() returns once the last connection is done
+        nursery.cancel_scope.cancel()
+    assert refused
+    assert got == [(41, 41)]
+
+
+async def test_idle_connections_are_closed():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), idle_timeout=0.2)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_frame(LIST_OFFSETS, 1, 1))
+            assert answers(await read_frames(stream, 1)) == [(1, 1)]
+            assert await stream.receive_some(100) == b""  # closed once idle
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_beyond_the_maximum_are_refused_with_a_log_line():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), max_connections=1)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            first = await trio.open_tcp_stream("127.0.0.1", port)
+            await first.send_all(request_frame(LIST_OFFSETS, 1, 1))
+            assert answers(await read_frames(first, 1)) == [(1, 1)]
+            second = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await second.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    assert any(e["event"] == "refusing connection" and e["reason"] == "max connections reached" for e in logs)
+
+
+async def test_upstream_connect_is_retried_a_bounded_number_of_times():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    dead_port = listener.getsockname()[1]
+    listener.close()
+    async with trio.open_nursery() as nursery:
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", dead_port), connect_retries=2)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    events = [e["event"] for e in logs]
+    assert events.count("upstream connect failed, retrying") == 2
+    assert [e["attempts"] for e in logs if e["event"] == "upstream unreachable, closing client"] == [3]
