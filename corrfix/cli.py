@@ -7,11 +7,13 @@ import functools
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import structlog
 import trio
 
 from .cluster import BrokerPorts
+from .config import ConfigError, defaults_from_toml
 from .logs import configure_logging
 from .metrics import ProxyMetrics
 from .relay import Address, Proxy, ProxyConfig
@@ -28,7 +30,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
+def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     defaults = RepairConfig()
     relay_defaults = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 0))
     p = subparsers.add_parser(
@@ -38,8 +40,14 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
         "ids; re-queue requests whose answers were skipped or lost, drop stray answers, and "
         "deliver answers to each client strictly in its request order.",
     )
-    p.add_argument("--listen", type=Address.parse, required=True, metavar="HOST:PORT")
-    p.add_argument("--upstream", type=Address.parse, required=True, metavar="HOST:PORT")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML file of these settings (long option names as keys); flags override it",
+    )
+    p.add_argument("--listen", type=Address.parse, metavar="HOST:PORT", help="where clients connect")
+    p.add_argument("--upstream", type=Address.parse, metavar="HOST:PORT", help="the bootstrap broker")
     p.add_argument(
         "--probe-after",
         type=float,
@@ -156,6 +164,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> None:
     add_capture_arguments(p)
     _add_common(p)
     p.set_defaults(run=_run_proxy)
+    return p
 
 
 def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
@@ -241,6 +250,23 @@ async def run_until_signalled(
                 return
 
 
+def _with_config_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """Re-parse with the config file's settings as defaults, so flags override the file."""
+    proxy_parser = parser._proxy_parser  # type: ignore[attr-defined]
+    if args.config is not None:
+        try:
+            proxy_parser.set_defaults(**defaults_from_toml(proxy_parser, args.config))
+        except ConfigError as exc:
+            parser.exit(2, f"corrfix proxy: {exc}\n")
+        args = parser.parse_args(argv)
+    for name in ("listen", "upstream"):
+        if getattr(args, name) is None:
+            proxy_parser.error(f"--{name} is required (on the command line or in --config)")
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="corrfix",
@@ -248,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "out-of-order responses.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_proxy_parser(subparsers)
+    parser._proxy_parser = _add_proxy_parser(subparsers)  # type: ignore[attr-defined]
     _add_chaos_parser(subparsers)
     _add_capture_parser(subparsers)
     _add_replay_parser(subparsers)
@@ -308,7 +334,10 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "proxy":
+        args = _with_config_file(parser, args, argv)
     configure_logging(json=args.log_json, level=args.log_level)
     try:
         return int(args.run(args) or 0)

@@ -284,7 +284,7 @@ def test_negative_api_key_or_version_is_rejected(api_key, version):
         parse_request_header(frame(raw + b"\x00\x00\x00\x01\xff\xff\x00"))
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(data=st.binary(max_size=64))
 def test_arbitrary_bytes_raise_only_protocol_error(data):
     try:
@@ -294,7 +294,7 @@ def test_arbitrary_bytes_raise_only_protocol_error(data):
     assert header.body_offset is None or 12 <= header.body_offset <= len(data)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(case=st.sampled_from(ALL_CASES), correlation_id=INT32, tail=st.binary(max_size=48))
 def test_known_api_with_garbage_after_the_id_raises_only_protocol_error(case, correlation_id, tail):
     api_key, version = case
@@ -311,7 +311,7 @@ def test_known_api_with_garbage_after_the_id_raises_only_protocol_error(case, co
     assert 12 <= header.body_offset <= 4 + len(prefix) + len(tail)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(case=st.sampled_from([*ALL_CASES, (999, 0)]), data=st.binary(max_size=32))
 def test_arbitrary_response_bytes_raise_only_protocol_error(case, data):
     try:
@@ -343,7 +343,7 @@ def test_truncated_response_tagged_fields_are_rejected():
 # -- correlation ids -----------------------------------------------------------------------
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(
     case=st.sampled_from(ALL_CASES),
     old=INT32,

@@ -159,7 +159,7 @@ def test_produce_acks_for_a_version_newer_than_kafka_python_knows():
     assert expects_response(framed, header) is False
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=80)
 @given(
     version=st.sampled_from(PRODUCE_VERSIONS),
     transactional_id=TRANSACTIONAL_IDS,
@@ -206,7 +206,7 @@ def test_malformed_produce_bodies_are_rejected(version, body):
     assert produce_is_idempotent(framed, header) is False
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(
     version=st.integers(0, 20),
     client_id=st.one_of(st.none(), st.text(max_size=5)),
@@ -234,7 +234,7 @@ def test_garbage_produce_bodies_raise_only_protocol_error(version, client_id, bo
     assert produce_is_idempotent(framed, header) in (True, False)
 
 
-@settings(deadline=None, max_examples=100)
+@settings(deadline=None, max_examples=80)
 @given(
     version=st.sampled_from(TRANSACTIONAL_PRODUCE_VERSIONS),
     transactional_id=st.sampled_from([None, "tx"]),
@@ -436,7 +436,7 @@ def test_fetch_max_wait_of_unreadable_requests_is_zero():
     assert fetch_max_wait_ms(framed, parse_request_header(framed)) == 0
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(version=st.sampled_from(FETCH_VERSIONS), body=st.binary(max_size=64))
 def test_fetch_max_wait_of_garbage_never_raises(version, body):
     framed, header = fetch_frame(version, 1)

@@ -109,7 +109,7 @@ def test_reading_at_or_past_the_end_is_rejected():
         read_uvarint(b"\x01", 7)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(buf=st.binary(max_size=12), pos=st.integers(0, 12))
 def test_arbitrary_bytes_give_a_value_or_protocol_error(buf, pos):
     try:
@@ -189,7 +189,7 @@ def test_count_larger_than_the_remaining_bytes_is_rejected_up_front(excess, tail
         read_tagged_fields(buf, 0)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(buf=st.binary(max_size=64), pos=st.integers(0, 8))
 def test_arbitrary_bytes_never_raise_anything_but_protocol_error(buf, pos):
     try:
