@@ -128,6 +128,15 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument(
         "--metrics", type=Address.parse, metavar="HOST:PORT", help="serve Prometheus metrics at /metrics"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N proxy processes sharing the listen ports (SO_REUSEPORT); a connection lives in "
+        "one of them and --metrics sums them all (default 1)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     limits = p.add_argument_group("limits")
     limits.add_argument(
         "--max-connections",
@@ -185,6 +194,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         connect_retries=args.connect_retries,
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
+        reuse_port=args.reuse_port,
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,
         broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
@@ -200,6 +210,11 @@ def _node_port(text: str) -> tuple[int, int]:
 
 def _run_proxy(args: argparse.Namespace) -> int:
     from .capture.writer import capture_writer_from_args
+
+    if args.workers > 1:
+        from .workers import run_workers
+
+        return run_workers(args.raw_argv[1:], args.workers, args.metrics)
 
     metrics = ProxyMetrics() if args.metrics else None
     try:
@@ -338,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "proxy":
         args = _with_config_file(parser, args, argv)
+        args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(json=args.log_json, level=args.log_level)
     try:
         return int(args.run(args) or 0)

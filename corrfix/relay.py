@@ -29,6 +29,7 @@ from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
 
 RECEIVE_SIZE = 256 * 1024
+LISTEN_BACKLOG = 1024
 CONNECT_BACKOFF = 0.1
 """First pause between upstream connect attempts; it doubles each time."""
 FLUSH_TIMEOUT = 10.0
@@ -65,6 +66,8 @@ class ProxyConfig:
     advertised_host: str | None = None
     """The host clients are told for every broker listener (default: the listen host)."""
     broker_ports: BrokerPorts = field(default_factory=BrokerPorts)
+    reuse_port: bool = False
+    """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
 
 
 @dataclass
@@ -453,7 +456,10 @@ class Proxy:
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, or until :meth:`drain` has let every connection finish."""
         listen = self.config.listen
-        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+        if self.config.reuse_port:
+            listeners = [self._bound_listener(listen.host, listen.port)]
+        else:
+            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
         self._ports.update(address.port for address in bound)
         log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))
@@ -482,20 +488,27 @@ class Proxy:
             hosts.add(self.router.advertised_host)
         return {Address(host, port) for host in hosts for port in self._ports}
 
-    def _bind_broker_listener(self, node_id: int, port: int) -> int:
-        """Bind the listener that stands in for broker ``node_id`` (port 0: any free port)."""
-        host = self.config.listen.host
+    def _bound_listener(self, host: str, port: int) -> trio.SocketListener:
+        """A listening socket; shared with the other workers (SO_REUSEPORT) when there are any."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.config.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
         except OSError:
             sock.close()
             raise
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+    def _bind_broker_listener(self, node_id: int, port: int) -> int:
+        """Bind the listener that stands in for broker ``node_id`` (port 0: any free port)."""
+        host = self.config.listen.host
+        listener = self._bound_listener(host, port)
+        sock = listener.socket
         bound = int(sock.getsockname()[1])
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)

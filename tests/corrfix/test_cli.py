@@ -80,3 +80,28 @@ def test_demo_runs_on_embedded_defaults_scaled_down(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "through corrfix" in result.stdout and "faults, corrfix" in result.stdout
+
+
+@pytest.mark.broker
+def test_workers_share_the_port_and_sum_their_metrics(tansu, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--workers", "2"]
+    proxy = CorrfixProcess([*args, "--metrics", f"127.0.0.1:{metrics_port}"], port, tmp_path / "w.log")
+    bootstrap = f"127.0.0.1:{port}"
+    with proxy:
+        workload.create_topic(bootstrap, "workers")
+        produced = workload.produce_kafka_python(bootstrap, "workers", 300, acks=1)
+        values = workload.consume_all(bootstrap, "workers", 300)
+        # Several fresh connections, so that the kernel has had the chance to use both workers.
+        for _ in range(6):
+            workload.api_versions(bootstrap)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            scraped = response.read().decode()
+    assert proxy.stop() == 0
+    assert produced.ok and sorted(values) == workload.expected_values(300)
+    records = proxy.records()
+    assert sum(r["event"] == "proxy listening" for r in records) == 2
+    assert next(r for r in records if r["event"] == "workers started")["workers"] == 2
+    opened = [line for line in scraped.splitlines() if line.startswith("corrfix_connections_opened_total")]
+    assert opened and float(opened[0].split()[-1]) >= 8
+    assert 'corrfix_requests_total{api="ApiVersions"}' in scraped
