@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import math
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,9 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_SIZE, ProtocolError
 
+from .argtypes import count as _count
+from .argtypes import probability as _probability
+from .argtypes import seconds as _seconds
 from .chaos import Action, ChaosPolicy, ChaosRules, ConnectionChaos, Decision, api_label, parse_api_keys
 from .netutil import LOOPBACK, parse_host_port
 
@@ -342,36 +344,6 @@ def _host_port(text: str) -> tuple[str | None, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 (off) or a positive count, got {value}")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a probability is between 0 and 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got {text!r}")
-    return value
-
-
 def _apis(text: str) -> frozenset[int]:
     try:
         return parse_api_keys([text])
@@ -393,7 +365,11 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     )
     faults.add_argument("--drop-every", type=_count, default=0, metavar="N", help="drop every Nth response")
     faults.add_argument(
-        "--drop-probability", type=_probability, default=0.0, metavar="P", help="drop with probability P"
+        "--drop-probability",
+        type=_probability,
+        default=0.0,
+        metavar="P",
+        help="drop with probability P",
     )
     faults.add_argument(
         "--duplicate-every", type=_count, default=0, metavar="N", help="send every Nth response twice"
@@ -407,10 +383,18 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     )
     faults.add_argument("--delay-every", type=_count, default=0, metavar="N", help="delay every Nth response")
     faults.add_argument(
-        "--delay-probability", type=_probability, default=0.0, metavar="P", help="delay with probability P"
+        "--delay-probability",
+        type=_probability,
+        default=0.0,
+        metavar="P",
+        help="delay with probability P",
     )
     faults.add_argument(
-        "--delay-seconds", type=_seconds, default=1.0, metavar="S", help="how long to delay (default 1.0)"
+        "--delay-seconds",
+        type=_seconds,
+        default=1.0,
+        metavar="S",
+        help="how long to delay (default 1.0)",
     )
     faults.add_argument(
         "--delay-in-order",

@@ -31,6 +31,7 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError, response_correlation_id
 
+from .argtypes import positive as _positive
 from .capture.reader import CaptureFormatError
 from .netutil import parse_host_port
 from .replay_plan import PlannedConnection, PlannedRequest, ReplayPlan, load_plan
@@ -303,13 +304,6 @@ def _target(text: str) -> tuple[str, int]:
     return host, port
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
-
-
 def register_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``corrfix replay``."""
     p = subparsers.add_parser(
@@ -323,7 +317,11 @@ def register_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--target", type=_target, required=True, metavar="HOST:PORT", help="corrfix or a broker")
     pace = p.add_mutually_exclusive_group()
     pace.add_argument(
-        "--speed", type=_positive, default=1.0, metavar="X", help="X times faster than captured (default 1)"
+        "--speed",
+        type=_positive,
+        default=1.0,
+        metavar="X",
+        help="X times faster than captured (default 1)",
     )
     pace.add_argument(
         "--as-fast-as-possible",

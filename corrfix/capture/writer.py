@@ -20,6 +20,7 @@ from types import TracebackType
 import pyarrow as pa
 import structlog
 
+from .. import argtypes
 from ..observer import Direction, Side
 from ..repair import RepairEvent
 from .files import CaptureFiles, capture_stem
@@ -261,47 +262,13 @@ class CaptureWriter:
 # -- command line ----------------------------------------------------------------------
 
 
-def parse_size(text: str) -> int:
-    """Bytes, optionally with a binary suffix: ``65536``, ``64k``, ``256M``, ``1G``."""
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    value = text.strip().lower().removesuffix("ib").removesuffix("b")
-    scale = units.get(value[-1:], 1)
-    if scale != 1:
-        value = value[:-1]
-    try:
-        size = int(value) * scale
-    except ValueError:
-        message = f"expected a size in bytes (e.g. 65536, 64k, 256M), got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"size must be >= 0, got {text!r}")
-    return size
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = parse_size(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
 def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--capture-*`` options of ``corrfix proxy``."""
     group = parser.add_argument_group("capture (Arrow IPC files of both sides; docs/capture-format.md)")
     group.add_argument("--capture-dir", type=Path, default=None, metavar="DIR", help="capture into DIR")
     group.add_argument(
         "--capture-snaplen",
-        type=parse_size,
+        type=argtypes.size,
         default=DEFAULT_SNAPLEN,
         metavar="BYTES",
         help=f"bytes kept of each frame, size prefix included; 0 keeps only the Kafka header "
@@ -309,21 +276,21 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--capture-rotate-bytes",
-        type=_positive_int,
+        type=argtypes.positive_size,
         default=DEFAULT_ROTATE_BYTES,
         metavar="BYTES",
         help="start a new file after this many bytes (default 256M)",
     )
     group.add_argument(
         "--capture-rotate-seconds",
-        type=_positive_float,
+        type=argtypes.positive,
         default=DEFAULT_ROTATE_SECONDS,
         metavar="SECONDS",
         help=f"start a new file after this long (default {DEFAULT_ROTATE_SECONDS:g})",
     )
     group.add_argument(
         "--capture-queue-rows",
-        type=_positive_int,
+        type=argtypes.positive_size,
         default=DEFAULT_QUEUE_ROWS,
         metavar="N",
         help=f"rows waiting to be written before further rows are dropped and counted as lost "
@@ -331,14 +298,14 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--capture-queue-bytes",
-        type=_positive_int,
+        type=argtypes.positive_size,
         default=DEFAULT_QUEUE_BYTES,
         metavar="BYTES",
         help="the same bound in bytes of frame copies (default 64M)",
     )
     group.add_argument(
         "--capture-flush-seconds",
-        type=_positive_float,
+        type=argtypes.positive,
         default=DEFAULT_FLUSH_SECONDS,
         metavar="SECONDS",
         help=f"longest time before queued rows are written and readable (default {DEFAULT_FLUSH_SECONDS:g})",
