@@ -7,6 +7,9 @@ re-sent or its response is overdue, which is rare.
 
 from __future__ import annotations
 
+from functools import cache
+
+from kafka.protocol.schemas import BaseField
 from kafka.record.default_records import DefaultRecordBatch
 
 from .errors import ProtocolError
@@ -90,9 +93,55 @@ def produce_is_idempotent(frame: BytesLike, header: RequestHeader) -> bool:
 
 
 def fetch_max_wait_ms(frame: BytesLike, header: RequestHeader) -> int:
-    """How long the broker may hold this Fetch before answering (0 if unreadable)."""
-    request = _decode_body(frame, header)
-    return max(int(getattr(request, "max_wait_ms", 0) or 0), 0)
+    """How long the broker may hold this Fetch before answering (0 if unreadable).
+
+    Every Fetch asks this, so it reads four bytes at the offset the schema gives for the
+    version rather than decoding the body.
+    """
+    offset = fixed_field_offset(FETCH_KEY, header.api_version, "MaxWaitMs")
+    if offset is None or header.body_offset is None:
+        return 0
+    pos = header.body_offset + offset
+    if pos + 4 > len(frame):
+        return 0
+    return max(int.from_bytes(frame[pos : pos + 4], "big", signed=True), 0)
+
+
+_FIXED_SIZES = {
+    "bool": 1,
+    "int8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "int64": 8,
+    "float64": 8,
+    "uuid": 16,
+}
+
+
+@cache
+def fixed_field_offset(api_key: int, api_version: int, name: str) -> int | None:
+    """Where a top-level request field starts in the body, from the JSON schema, if only
+    fixed-size fields come before it in this version (tagged fields are not in line)."""
+    cls = request_class(api_key)
+    if cls is None or api_version > cls.max_version:
+        return None
+    offset = 0
+    for field in cls.json["fields"]:
+        low, high = BaseField.parse_versions(field["versions"])
+        if not low <= api_version <= high:
+            continue
+        if "taggedVersions" in field:
+            tag_low, tag_high = BaseField.parse_versions(field["taggedVersions"])
+            if tag_low <= api_version <= tag_high:
+                continue
+        if field["name"] == name:
+            return offset
+        size = _FIXED_SIZES.get(field["type"])
+        if size is None:
+            return None
+        offset += size
+    return None
 
 
 def sasl_mechanism(frame: BytesLike, header: RequestHeader) -> str | None:
