@@ -153,6 +153,14 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         f"(default {relay_defaults.idle_timeout:g})",
     )
     limits.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=relay_defaults.frame_timeout,
+        metavar="SECONDS",
+        help="close a client whose request frame stays incomplete this long (slowloris) "
+        f"(default {relay_defaults.frame_timeout:g})",
+    )
+    limits.add_argument(
         "--connect-retries",
         type=int,
         default=relay_defaults.connect_retries,
@@ -194,6 +202,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         connect_retries=args.connect_retries,
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
+        frame_timeout=args.frame_timeout,
         reuse_port=args.reuse_port,
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,

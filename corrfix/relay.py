@@ -56,6 +56,8 @@ class ProxyConfig:
     """Further upstream connect attempts after a refused or timed-out one, with backoff."""
     max_connections: int = 10_000
     """Client connections beyond this are closed at once, with a log line."""
+    frame_timeout: float = 30.0
+    """Close a client whose request frame stays incomplete this long (slowloris, a stall)."""
     idle_timeout: float = 600.0
     """Close a connection with nothing outstanding and no bytes either way for this long
     (Kafka brokers' connections.max.idle.ms is 10 minutes)."""
@@ -160,6 +162,8 @@ class ProxyConnection:
         self._client_eof = False
         self._draining = False
         self._last_activity = 0.0
+        self._partial_since: float | None = None
+        self._partial_started = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._client_reader_scope = trio.CancelScope()
         self._close_reason: str | None = None
@@ -248,6 +252,13 @@ class ProxyConnection:
             if self.metrics is not None:
                 self.metrics.bytes.labels(Side.CLIENT, Direction.REQUEST).inc(len(data))
             frames = decoder.feed(data)
+            if not decoder.buffered:
+                self._partial_since = None
+            elif self._partial_since is None:
+                self._partial_since = self._last_activity
+                self._partial_started.set()  # the watcher now has an earlier deadline
+            elif frames:
+                self._partial_since = self._last_activity  # a new frame began in this chunk
             if frames:
                 if self.observer is not None:
                     self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
@@ -364,16 +375,28 @@ class ProxyConnection:
             self.log.debug(f"repair.{kind}", **fields)
 
     async def _watch_idle(self) -> None:
+        """Close idle connections, and clients that leave a request frame incomplete."""
         idle = self.config.idle_timeout
+        frame_timeout = self.config.frame_timeout
+        busy_until = 0.0  # a long request (a Fetch long-poll) is not idleness
         while True:
-            deadline = self._last_activity + idle
-            if trio.current_time() < deadline:
-                await trio.sleep_until(deadline)
-            elif self.machine.outstanding == 0:
-                self._finish(f"idle for {idle:g}s")
+            now = trio.current_time()
+            partial = self._partial_since
+            if partial is not None and now >= partial + frame_timeout:
+                self._abort(f"request frame incomplete for {frame_timeout:g}s", warning=True)
                 return
-            else:
-                await trio.sleep(idle)  # a long request (a Fetch long-poll) is not idleness
+            idle_at = max(self._last_activity + idle, busy_until)
+            if now >= idle_at:
+                if self.machine.outstanding == 0:
+                    self._finish(f"idle for {idle:g}s")
+                    return
+                busy_until = now + idle
+                continue
+            wake = idle_at if partial is None else min(idle_at, partial + frame_timeout)
+            with trio.move_on_at(wake):
+                await self._partial_started.wait()
+            if self._partial_started.is_set():
+                self._partial_started = trio.Event()
 
     def drain(self) -> None:
         """Stop reading requests; close once every outstanding request is answered."""

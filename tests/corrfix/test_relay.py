@@ -272,3 +272,21 @@ async def test_upstream_connect_is_retried_a_bounded_number_of_times():
     events = [e["event"] for e in logs]
     assert events.count("upstream connect failed, retrying") == 2
     assert [e["attempts"] for e in logs if e["event"] == "upstream unreachable, closing client"] == [3]
+
+
+async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), frame_timeout=0.3)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            stalled = await trio.open_tcp_stream("127.0.0.1", port)
+            frame = request_frame(LIST_OFFSETS, 1, 1)
+            await stalled.send_all(frame[:7])  # half a frame, then nothing
+            good = await trio.open_tcp_stream("127.0.0.1", port)
+            await good.send_all(request_frame(LIST_OFFSETS, 2, 2))
+            assert answers(await read_frames(good, 1)) == [(2, 2)]
+            assert await stalled.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    assert any("incomplete" in (e.get("reason") or "") for e in logs if e["event"] == "closing connection")
