@@ -18,6 +18,7 @@ from .logs import configure_logging
 from .metrics import ProxyMetrics
 from .relay import Address, Proxy, ProxyConfig
 from .repair import RepairConfig
+from .tls import add_tls_arguments, tls_config_from_args
 
 log = structlog.get_logger("corrfix")
 DRAIN_TIMEOUT = 30.0
@@ -179,6 +180,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     from .capture.writer import add_capture_arguments
 
     add_capture_arguments(p)
+    add_tls_arguments(p)
     _add_common(p)
     p.set_defaults(run=_run_proxy)
     return p
@@ -207,6 +209,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,
         broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
+        tls=tls_config_from_args(args),
     )
 
 

@@ -27,6 +27,14 @@ from .metrics import ProxyMetrics
 from .netutil import LOOPBACK, Address
 from .observer import ConnectionObserver, Direction, Side
 from .repair import Actions, RepairConfig, RepairEvent, RepairKind, RepairMachine
+from .tls import (
+    SILENT_UPSTREAM_HINT,
+    TlsConfig,
+    accept_client,
+    connect_upstream,
+    contexts,
+    tls_on_plaintext,
+)
 
 RECEIVE_SIZE = 256 * 1024
 LISTEN_BACKLOG = 1024
@@ -70,6 +78,8 @@ class ProxyConfig:
     broker_ports: BrokerPorts = field(default_factory=BrokerPorts)
     reuse_port: bool = False
     """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
+    tls: TlsConfig | None = None
+    """TLS with clients and/or brokers (None: plaintext both ways)."""
 
 
 @dataclass
@@ -167,11 +177,19 @@ class ProxyConnection:
         self._nursery: trio.Nursery | None = None
         self._client_reader_scope = trio.CancelScope()
         self._close_reason: str | None = None
+        self._client_spoke = False  # after a whole request, a bad size is no TLS ClientHello
+        self._upstream_spoke = False  # likewise for a TLS record from a broker
         peer = _peer_name(client)
         self.log = log.bind(connection=conn_id, client=peer)
         self._client_peer = peer
 
     async def run(self) -> None:
+        # The client's TLS handshake comes first: a client that fails it costs no upstream connection.
+        client = await accept_client(self.client, self.config.tls, self.config.connect_timeout, self.log)
+        if client is None:
+            await trio.aclose_forcefully(self.client)
+            return
+        self.client = client
         upstream = await self._connect_upstream()
         if upstream is None:
             await self.client.aclose()
@@ -202,13 +220,17 @@ class ProxyConnection:
             outstanding = self.machine.outstanding
             self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
 
-    async def _connect_upstream(self) -> trio.SocketStream | None:
+    async def _connect_upstream(self) -> trio.abc.Stream | None:
         target = self.upstream
         attempts = self.config.connect_retries + 1
         for attempt in range(1, attempts + 1):
             try:
                 with trio.fail_after(self.config.connect_timeout):
-                    return await trio.open_tcp_stream(target.host, target.port)
+                    stream = await trio.open_tcp_stream(target.host, target.port)
+                # A failed TLS handshake is logged and not retried: it would fail the same way.
+                return await connect_upstream(
+                    stream, self.config.tls, target.host, self.config.connect_timeout, self.log
+                )
             except (OSError, trio.TooSlowError) as exc:
                 error = str(exc) or "timeout"
                 if attempt == attempts:
@@ -232,7 +254,9 @@ class ProxyConnection:
             with self._client_reader_scope:
                 await self._relay_requests(decoder, limit)
         except ProtocolError as exc:
-            self._abort(f"bad request from client: {exc}", warning=True)
+            plaintext = not self._client_spoke and not isinstance(self.client, trio.SSLStream)
+            tls_hello = tls_on_plaintext(exc, "client") if plaintext else None
+            self._abort(tls_hello or f"bad request from client: {exc}", warning=True)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._abort(f"client connection lost: {exc or type(exc).__name__}")
 
@@ -260,11 +284,12 @@ class ProxyConnection:
             elif frames:
                 self._partial_since = self._last_activity  # a new frame began in this chunk
             if frames:
+                self._client_spoke = True  # a size error now is no ClientHello
                 if self.observer is not None:
                     self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
                 self._apply(machine.client_frames(frames, trio.current_time()))
 
-    async def _read_upstream(self, upstream: trio.SocketStream) -> None:
+    async def _read_upstream(self, upstream: trio.abc.Stream) -> None:
         decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.upstream))
         machine = self.machine
         limit = self.config.max_send_buffer
@@ -278,24 +303,32 @@ class ProxyConnection:
                 if not data:
                     if decoder.buffered:
                         self.log.warning("upstream closed mid-frame", buffered=decoder.buffered)
+                    self._hint_tls_upstream(upstream)
                     self._apply(machine.upstream_closed())
                     return
                 frames = decoder.feed(data)
                 if frames:
+                    self._upstream_spoke = True
                     if self.observer is not None:
                         self.observer.frames(self.conn_id, Side.UPSTREAM, Direction.RESPONSE, frames)
                     self._apply(machine.upstream_frames(frames, trio.current_time()))
         except ProtocolError as exc:
-            self._abort(f"bad response from upstream: {exc}", warning=True)
+            plaintext = not self._upstream_spoke and not isinstance(upstream, trio.SSLStream)
+            tls_answer = tls_on_plaintext(exc, "upstream") if plaintext else None
+            self._abort(tls_answer or f"bad response from upstream: {exc}", warning=True)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._hint_tls_upstream(upstream)
             self._apply(machine.upstream_closed())
             self.log.info("upstream connection lost", error=str(exc) or type(exc).__name__)
 
-    async def _write(self, outbox: _Outbox, stream: trio.SocketStream, side: str) -> None:
+    async def _write(self, outbox: _Outbox, stream: trio.abc.Stream, side: str) -> None:
         try:
             await outbox.run(stream)
             if side == "upstream":
-                await stream.send_eof()
+                # TLS cannot half-close (close_notify ends both directions): a TLS upstream is
+                # closed with the connection, once every outstanding answer has arrived.
+                if not isinstance(stream, trio.SSLStream):
+                    await stream.send_eof()
                 return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._abort(f"{side} connection lost while sending: {exc or type(exc).__name__}")
@@ -312,6 +345,11 @@ class ProxyConnection:
             self._apply(self.machine.tick(trio.current_time()))
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _hint_tls_upstream(self, upstream: trio.abc.Stream) -> None:
+        """A broker closing before any answer may be a TLS listener: OpenSSL closes without an alert."""
+        if not self._upstream_spoke and self.machine.outstanding and not isinstance(upstream, trio.SSLStream):
+            self.log.warning("upstream closed before answering anything", hint=SILENT_UPSTREAM_HINT)
 
     def _next_deadline(self) -> float:
         deadline = self.machine.next_deadline()
@@ -432,7 +470,9 @@ class ProxyConnection:
         self._nursery.cancel_scope.cancel()
 
 
-def _peer_name(stream: trio.SocketStream) -> str:
+def _peer_name(stream: trio.abc.Stream) -> str:
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     try:
         host, port, *_ = stream.socket.getpeername()
     except (OSError, ValueError):
@@ -458,6 +498,8 @@ class Proxy:
         self.observer = observer
         self.metrics = metrics
         self.stats = ProxyStats()
+        if config.tls is not None:
+            contexts(config.tls)  # a missing or bad TLS file stops the proxy here, not per connection
         self._live: set[ProxyConnection] = set()
         if metrics is not None:
             metrics.track_live(
