@@ -53,6 +53,10 @@ _PROBE_TEMPLATE = (
 )
 MAX_ACKS0_MARKERS = 4096
 SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+# Until authentication completes, Kafka's SASL authenticator accepts only the next SASL
+# request and fails the connection on anything else, so a probe must wait.
+SASL_KEYS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 # Raw-token round trips after a SaslHandshake v0, by mechanism. A mechanism not listed
 # (GSSAPI, anything custom) has no fixed count: the connection then stays a plain relay.
 SASL_V0_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
@@ -200,6 +204,8 @@ class RepairMachine:
         self._sasl_handshake: _Request | None = None
         self._raw_rounds: int | None = 0
         self._raw_owed = 0
+        # SaslHandshake / SaslAuthenticate requests not yet answered to the client.
+        self._sasl_pending = 0
         self.closed: str | None = None
 
     # -- state the shell reads ---------------------------------------------------------
@@ -257,8 +263,10 @@ class RepairMachine:
                 self._remember_acks0(upstream_id)
             else:
                 request = _Request(frame, header, now)
-                if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
-                    self._sasl_handshake = request
+                if header.api_key in SASL_KEYS:
+                    self._sasl_pending += 1
+                    if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
+                        self._sasl_handshake = request
                 request.upstream_id = upstream_id
                 request.seq = self._seq
                 self._sent[upstream_id] = request
@@ -487,6 +495,8 @@ class RepairMachine:
             response = request.response
             assert response is not None
             self._held_bytes -= len(response)
+            if request.api_key in SASL_KEYS:
+                self._sasl_pending -= 1
             actions.to_client.append(response)
             request.response = None
             request.frame = bytearray()
@@ -502,8 +512,8 @@ class RepairMachine:
 
     def _probe_due(self) -> float | None:
         order = self._send_order
-        if self.raw_mode or self._sasl_handshake is not None:
-            return None  # a probe now would land inside the raw-token exchange
+        if self.raw_mode or self._sasl_pending:
+            return None  # a probe now would land inside the SASL exchange
         if not order or self._probes_outstanding >= self.config.max_probes_outstanding:
             return None
         head = order[0]
@@ -559,3 +569,4 @@ class RepairMachine:
         self._client_order.clear()
         self._acks0.clear()
         self._held_bytes = 0
+        self._sasl_pending = 0

@@ -402,6 +402,110 @@ def consume_confluent(
         consumer.close()
 
 
+# -- consumer groups ---------------------------------------------------------------------------
+
+
+GROUP_SESSION_TIMEOUT_MS = 6000
+"""Short, because Tansu holds the first JoinGroup of a group for half the session timeout."""
+
+
+def consume_group(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    limit: int,
+    *,
+    client: Literal["confluent", "kafka-python"] = "confluent",
+    timeout: float = DEFAULT_TIMEOUT,
+    session_timeout_ms: int = GROUP_SESSION_TIMEOUT_MS,
+    config: Mapping[str, Any] | None = None,
+) -> list[bytes]:
+    """Join ``group`` on ``topic``, read exactly ``limit`` values, commit them, and leave.
+
+    Offsets start at the group's committed offsets (earliest when it has none), so a second
+    call with the same group resumes where the first one stopped. The commit is synchronous
+    and only covers what was returned. Returns early with fewer values at ``timeout``.
+    """
+    if client == "confluent":
+        return _consume_group_confluent(bootstrap, topic, group, limit, timeout, session_timeout_ms, config)
+    return _consume_group_kafka_python(bootstrap, topic, group, limit, timeout, session_timeout_ms, config)
+
+
+def _consume_group_kafka_python(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    limit: int,
+    timeout: float,
+    session_timeout_ms: int,
+    config: Mapping[str, Any] | None,
+) -> list[bytes]:
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "client_id": "corrfix-tests-group",
+        "group_id": group,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "session_timeout_ms": session_timeout_ms,
+        "heartbeat_interval_ms": max(session_timeout_ms // 6, 100),
+        "fetch_max_wait_ms": 100,
+        "request_timeout_ms": 10_000,
+    }
+    settings.update(config or {})
+    deadline = time.monotonic() + timeout
+    consumer = kafka.KafkaConsumer(**settings)
+    values: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        while len(values) < limit and time.monotonic() < deadline:
+            batches = consumer.poll(timeout_ms=200, max_records=limit - len(values))
+            values.extend(r.value for records in batches.values() for r in records)
+        if values:
+            consumer.commit()
+        return values
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _consume_group_confluent(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    limit: int,
+    timeout: float,
+    session_timeout_ms: int,
+    config: Mapping[str, Any] | None,
+) -> list[bytes]:
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "corrfix-tests-group",
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(session_timeout_ms // 6, 100),
+        "fetch.wait.max.ms": 100,
+        "socket.timeout.ms": 10_000,
+    }
+    settings.update(config or {})
+    deadline = time.monotonic() + timeout
+    consumer = confluent_kafka.Consumer(settings)
+    values: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        while len(values) < limit and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=limit - len(values), timeout=0.2):
+                if msg.error() is None:
+                    values.append(msg.value())
+                elif msg.error().fatal():
+                    raise confluent_kafka.KafkaException(msg.error())
+        if values:
+            consumer.commit(asynchronous=False)
+        return values
+    finally:
+        consumer.close()
+
+
 # -- shared ----------------------------------------------------------------------------------
 
 

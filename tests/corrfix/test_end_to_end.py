@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -12,8 +13,10 @@ from corrfix import workload as clients
 from corrfix.chaos import ChaosRules
 from corrfix.chaos_relay import ChaosConfig, ChaosRelay, serve_chaos
 from corrfix.netutil import free_port
+from corrfix.observer import Direction, Side
 from corrfix.relay import Address, Proxy, ProxyConfig
-from corrfix.repair import RepairConfig
+from corrfix.repair import RepairConfig, RepairEvent
+from protocol import api_name, parse_request_header
 
 pytestmark = pytest.mark.broker
 
@@ -125,3 +128,65 @@ async def test_clients_stay_on_corrfix_when_tansu_advertises_itself(tansu):
     assert set(router.listener_ports) == {111}
     # Bootstrap connections plus the ones made to the broker listener after rewriting.
     assert proxy.stats.connections_opened > 2
+
+
+class ApiKeysSeen:
+    """An observer that counts the requests clients sent through the proxy, by api key."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        pass
+
+    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
+        if side is Side.CLIENT and direction is Direction.REQUEST:
+            self.counts.update(api_name(parse_request_header(f).api_key) for f in frames)
+
+    def repair(self, connection: str, event: RepairEvent) -> None:
+        pass
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        pass
+
+
+GROUP_APIS = {
+    "FindCoordinator",
+    "JoinGroup",
+    "SyncGroup",
+    "OffsetFetch",
+    "OffsetCommit",
+    "Fetch",
+    "LeaveGroup",
+}
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("kafka-python", "kafka-python"), ("confluent", "confluent"), ("kafka-python", "confluent")],
+)
+async def test_consumer_group_commits_and_resumes_through_corrfix(tansu, first, second):
+    """A group member commits part of a topic and leaves; the next member resumes exactly there.
+
+    Tansu advertises its own address, so only rewriting keeps the group traffic (coordinator,
+    partition leader) on the proxy, which sees every group API.
+    """
+    total, first_share = 600, 250
+    topic, group = f"resume-{first}-{second}", f"group-{first}-{second}"
+    seen = ApiKeysSeen()
+    async with trio.open_nursery() as nursery:
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port)), observer=seen)
+        bound = await nursery.start(proxy.serve)
+        bootstrap = f"127.0.0.1:{bound[0].port}"
+        await in_thread(clients.create_topic, bootstrap, topic, partitions=2)
+        produced = await in_thread(clients.produce_confluent, bootstrap, topic, total, idempotent=True)
+        before = await in_thread(clients.consume_group, bootstrap, topic, group, first_share, client=first)
+        after = await in_thread(
+            clients.consume_group, bootstrap, topic, group, total - first_share, client=second
+        )
+        nursery.cancel_scope.cancel()
+    assert produced.ok
+    assert len(before) == first_share
+    assert set(before).isdisjoint(after), "the second member re-read committed records"
+    assert sorted(before + after) == clients.expected_values(total)
+    assert set(seen.counts) >= GROUP_APIS, f"group traffic bypassed corrfix: saw only {sorted(seen.counts)}"
