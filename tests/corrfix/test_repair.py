@@ -25,6 +25,7 @@ from tests.corrfix.repair_model import (
     request_frame,
     response_frame,
 )
+from tests.protocol.test_requests import produce_frame, record_batch
 
 CONFIG = RepairConfig(probe_after=1.0, probe_min=0.02, max_requeues=3, request_deadline=60.0)
 
@@ -198,6 +199,18 @@ def test_requeue_policy_flags_a_possible_duplicate():
     machine.client_frames([request_frame(PRODUCE, 1, 1), request_frame(METADATA, 2, 2)], 0.0)
     actions = machine.upstream_frames([response_frame(1, 2)], 0.0)
     assert RepairKind.POSSIBLE_DUPLICATE in [e.kind for e in actions.events]
+
+
+@pytest.mark.parametrize("producer_id", [-1, 4242])
+def test_upstream_close_flags_unanswered_non_idempotent_produces(producer_id):
+    """The client re-sends after the disconnect; only a producer id lets the broker de-duplicate."""
+    machine = RepairMachine(CONFIG)
+    produce, _ = produce_frame(7, topics=[[record_batch(producer_id)]])
+    machine.client_frames([produce, request_frame(METADATA, 2, 2)], 0.0)
+    actions = machine.upstream_closed()
+    flagged = [e for e in actions.events if e.kind is RepairKind.POSSIBLE_DUPLICATE]
+    assert actions.close is not None
+    assert [e.client_correlation_id for e in flagged] == ([77] if producer_id < 0 else [])
 
 
 def test_backpressure_at_max_outstanding_and_held_bytes():
