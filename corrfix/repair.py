@@ -14,7 +14,7 @@ and carries out the returned :class:`Actions`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
@@ -301,7 +301,7 @@ class RepairMachine:
         if self.closed is None:
             owed = len(self._client_order)
             reason = "upstream closed" + (f" with {owed} requests unanswered" if owed else "")
-            self._flag_unanswered_produces(self._send_order, actions, "upstream closed before the answer")
+            self._flag_undelivered_produces(actions, "upstream closed before the answer reached the client")
             self._close(actions, reason)
         return actions
 
@@ -549,10 +549,7 @@ class RepairMachine:
         )
 
     def _give_up(self, request: _Request, actions: Actions, reason: str) -> None:
-        unanswered = list(self._send_order)
-        if request not in unanswered:  # popped when its loss was found
-            unanswered.insert(0, request)
-        self._flag_unanswered_produces(unanswered, actions, "connection closed before the answer")
+        self._flag_undelivered_produces(actions, "connection closed before the answer reached the client")
         actions.events.append(
             RepairEvent(
                 RepairKind.GIVE_UP,
@@ -565,17 +562,12 @@ class RepairMachine:
         )
         self._close(actions, f"gave up on {api_name(request.api_key)} request: {reason}")
 
-    def _flag_unanswered_produces(
-        self, unanswered: Iterable[_Request | _Probe], actions: Actions, why: str
-    ) -> None:
-        """The client will re-send these after the disconnect, and the broker may already have
-        appended them: a non-idempotent Produce can then be stored twice."""
-        for sent in unanswered:
-            if (
-                isinstance(sent, _Request)
-                and sent.api_key == PRODUCE_KEY
-                and not produce_is_idempotent(sent.frame, sent.header)
-            ):
+    def _flag_undelivered_produces(self, actions: Actions, why: str) -> None:
+        """The client re-sends these after the disconnect, and the broker may already have
+        appended them (their answer may even be held here, behind an older one): a
+        non-idempotent Produce can then be stored twice."""
+        for sent in self._client_order:
+            if sent.api_key == PRODUCE_KEY and not produce_is_idempotent(sent.frame, sent.header):
                 actions.events.append(
                     RepairEvent(
                         RepairKind.POSSIBLE_DUPLICATE,

@@ -337,6 +337,16 @@ def produce_confluent(
     return result
 
 
+_TRANSIENT = frozenset(
+    {
+        confluent_kafka.KafkaError._TRANSPORT,
+        confluent_kafka.KafkaError._TIMED_OUT,
+        confluent_kafka.KafkaError._ALL_BROKERS_DOWN,
+        confluent_kafka.KafkaError._UNKNOWN_PARTITION,  # leader not yet known after a reconnect
+    }
+)
+
+
 def consume_confluent(
     bootstrap: str,
     topic: str,
@@ -378,11 +388,19 @@ def consume_confluent(
         next_offsets = dict.fromkeys(ids, 0)
 
         def end_offsets() -> dict[int, int]:
-            wait = max(min(5.0, deadline - time.monotonic()), 0.1)
-            tps = (confluent_kafka.TopicPartition(topic, p) for p in ids)
-            return {
-                tp.partition: consumer.get_watermark_offsets(tp, timeout=wait, cached=False)[1] for tp in tps
-            }
+            ends: dict[int, int] = {}
+            for p in ids:
+                while True:
+                    wait = max(min(5.0, deadline - time.monotonic()), 0.1)
+                    try:
+                        tp = confluent_kafka.TopicPartition(topic, p)
+                        ends[p] = consumer.get_watermark_offsets(tp, timeout=wait, cached=False)[1]
+                        break
+                    except confluent_kafka.KafkaException as exc:
+                        # A dropped connection: librdkafka reconnects on its own, so ask again.
+                        if time.monotonic() >= deadline or exc.args[0].code() not in _TRANSIENT:
+                            raise
+            return ends
 
         def poll(wait: float) -> int:
             got = 0

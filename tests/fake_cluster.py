@@ -256,6 +256,7 @@ class ClusterBroker:
         self.node_id = node_id
         self.port = 0
         self.listener: trio.SocketListener | None = None
+        self._serving = trio.CancelScope()
         self.connections: list[ConnectionLog] = []
         self.logs: dict[tuple[str, int], list[bytes]] = {}
         """Values appended per (topic, partition) this broker leads."""
@@ -302,12 +303,25 @@ class ClusterBroker:
     # -- serving --------------------------------------------------------------------------
 
     async def bind(self) -> None:
-        (self.listener,) = await trio.open_tcp_listeners(0, host=LOOPBACK)
+        """Listen on ``self.port`` (a free one the first time; the same one after a crash)."""
+        (self.listener,) = await trio.open_tcp_listeners(self.port, host=LOOPBACK)
         self.port = self.listener.socket.getsockname()[1]
 
     async def serve(self) -> None:
         assert self.listener is not None
-        await trio.serve_listeners(self._handle, [self.listener])
+        with trio.CancelScope() as self._serving:
+            await trio.serve_listeners(self._handle, [self.listener])
+
+    def crash(self) -> None:
+        """Stop listening and drop every connection at once, as a dying broker process does.
+
+        ``logs`` survive, as a broker's durable log does; :meth:`restart` brings it back.
+        """
+        self._serving.cancel()
+
+    async def restart(self, nursery: trio.Nursery) -> None:
+        await self.bind()
+        nursery.start_soon(self.serve)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         host, port, *_ = stream.socket.getpeername()
