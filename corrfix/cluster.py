@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from protocol import RequestHeader
+from protocol import ProtocolError, RequestHeader
 from protocol.api_versions import cap_api_versions, decodable_max_versions, unsupported_api_versions_response
 from protocol.rewrite import needs_rewrite, rewrite_response
 
@@ -21,6 +21,16 @@ from .netutil import Address
 
 API_VERSIONS_KEY = 18
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+MAX_BROKERS = 1024
+"""Listeners the proxy opens for one cluster; a broker that invents node ids cannot exhaust ports."""
+
+
+class RoutingError(ProtocolError):
+    """A broker address in an answer cannot be given a proxy listener.
+
+    Passing the real address on would let the client bypass the proxy, so the answer is
+    refused and the connection closed, like any other answer that cannot be relayed.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +51,7 @@ class BrokerPorts:
         if self.base is not None:
             port = self.base + node_id
             if not 0 < port < 65536:
-                raise ValueError(f"--broker-port-base {self.base} + node id {node_id} is not a valid port")
+                raise RoutingError(f"--broker-port-base {self.base} + node id {node_id} is not a valid port")
             return port
         return None
 
@@ -55,6 +65,7 @@ class ClusterRouter:
         ports: BrokerPorts,
         allocate: Callable[[int, int], int],
         own_addresses: Callable[[], set[Address]],
+        max_brokers: int = MAX_BROKERS,
     ) -> None:
         if advertised_host in WILDCARD_HOSTS:
             raise ValueError("a wildcard address cannot be advertised to clients; set --advertised-host")
@@ -63,6 +74,7 @@ class ClusterRouter:
         self._allocate = allocate
         """``allocate(node_id, port)`` binds a listener (port 0: any) and returns its port."""
         self._own_addresses = own_addresses
+        self.max_brokers = max_brokers
         self.brokers: dict[int, Address] = {}
         """The upstream address of each broker, as last advertised by the cluster."""
         self.listener_ports: dict[int, int] = {}
@@ -76,16 +88,25 @@ class ClusterRouter:
         """An :data:`~protocol.rewrite.AddressMapper`: learn the broker, hand out its listener."""
         if node_id < 0 or not host:
             return host, port  # an error placeholder, not a broker
+        listener = self.listener_ports.get(node_id)
+        if listener is None:
+            listener = self._listen_for(node_id)
         address = Address(host, port)
         if address not in self._own_addresses():
             # A broker that already advertises the proxy (a single-broker sidecar set-up)
             # keeps relaying to the bootstrap upstream instead of to the proxy itself.
             self.brokers[node_id] = address
-        listener = self.listener_ports.get(node_id)
-        if listener is None:
-            listener = self._allocate(node_id, self.ports.fixed_port(node_id) or 0)
-            self.listener_ports[node_id] = listener
         return self.advertised_host, listener
+
+    def _listen_for(self, node_id: int) -> int:
+        if len(self.listener_ports) >= self.max_brokers:
+            raise RoutingError(f"broker node id {node_id} would be broker number {self.max_brokers + 1}")
+        try:
+            listener = self._allocate(node_id, self.ports.fixed_port(node_id) or 0)
+        except OSError as exc:
+            raise RoutingError(f"no listener for broker node id {node_id}: {exc}") from exc
+        self.listener_ports[node_id] = listener
+        return listener
 
     def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
         """A :data:`~corrfix.repair.ResponseTransform` for the repair machine."""
