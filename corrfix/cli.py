@@ -306,7 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_capture_parser(subparsers)
     _add_replay_parser(subparsers)
     _add_demo_parser(subparsers)
+    _add_audit_parser(subparsers)
     return parser
+
+
+def _add_audit_parser(subparsers: argparse._SubParsersAction) -> None:
+    from spark_audit.cli import register_command  # pyspark itself is imported only when it runs
+
+    _add_common(register_command(subparsers))
 
 
 def _add_replay_parser(subparsers: argparse._SubParsersAction) -> None:

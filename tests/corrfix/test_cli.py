@@ -10,6 +10,7 @@ import pytest
 
 from corrfix import workload
 from corrfix.cli import build_parser
+from corrfix.demo import audit_capture
 from corrfix.launch import CorrfixProcess
 from corrfix.netutil import free_port
 
@@ -28,6 +29,28 @@ def test_proxy_help_documents_every_repair_option():
         "--produce-policy",
     ):
         assert option in help_text
+
+
+def test_audit_is_a_command_that_needs_pyspark_only_when_it_runs():
+    script = (
+        "import sys; from corrfix.cli import build_parser; "
+        "args = build_parser().parse_args(['audit', 'DIR', '-o', 'OUT', '--fail-on', 'error']); "
+        "print(args.fail_on, 'pyspark' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["error", "False"]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "corrfix", "audit", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--fail-on" in help_text and "report.html" in help_text
+
+
+def test_without_pyspark_the_demo_says_how_to_audit_its_capture(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark now raises ImportError
+    audit_capture(tmp_path / "capture", tmp_path / "audit")
+    out = capsys.readouterr().out
+    assert "pip install 'corrfix[audit]'" in out
+    assert f"corrfix audit {tmp_path / 'capture'} -o {tmp_path / 'audit'}" in out
 
 
 def test_bad_address_is_a_usage_error():
@@ -76,10 +99,14 @@ def test_demo_runs_on_embedded_defaults_scaled_down(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "through corrfix" in result.stdout and "faults, corrfix" in result.stdout
+    # It ends with the audit of corrfix's capture of both runs through it.
+    report = tmp_path / "audit" / "report.html"
+    assert f"Report: {report}" in result.stdout and report.exists()
+    assert "skip_requeued=" in result.stdout
 
 
 @pytest.mark.broker

@@ -1,0 +1,113 @@
+"""Check 5, committed-offset loss: an OffsetFetch answered -1 (no committed offset) for a
+group and partition that had a successful OffsetCommit earlier in the capture.
+
+Commits count once their answer says error 0 for the partition. Times are the answers'
+wall clocks, so commits and fetches on different connections compare. A DeleteGroups
+request for the group between the commit and the fetch is reported with the loss: it
+explains it (an operator deleted the group), but the offsets are gone all the same.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..decode import DELETE_GROUPS, OFFSET_COMMIT, OFFSET_FETCH
+
+_CALL = ["capture_id", "connection_id", "correlation_id"]
+_PARTITION = ["group_id", "topic", "partition"]
+NO_OFFSET = -1
+
+
+def successful_commits(facts: DataFrame) -> DataFrame:
+    """``group_id, topic, partition, offset, wall_ns`` (of the answer) per acknowledged commit."""
+    commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == OFFSET_COMMIT)).select(
+        *_CALL, *_PARTITION, "offset"
+    )
+    acks = facts.filter((F.col("fact") == "commit_ack") & (F.col("error_code") == 0)).select(
+        *_CALL, "topic", "partition", "wall_ns"
+    )
+    return commits.join(acks, [*_CALL, "topic", "partition"]).select(*_PARTITION, "offset", "wall_ns")
+
+
+def fetched_offsets(facts: DataFrame) -> DataFrame:
+    """``group_id, topic, partition, offset, wall_ns, capture_id, connection_id`` per partition
+    an OffsetFetch answered without error (the group named in the answer, else the request)."""
+    fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0))
+    requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == OFFSET_FETCH)).select(
+        *_CALL, F.col("group_id").alias("request_group_id")
+    )
+    named = fetched.join(requests, _CALL, "left")
+    return named.select(
+        F.coalesce(F.col("group_id"), F.col("request_group_id")).alias("group_id"),
+        "topic",
+        "partition",
+        "offset",
+        "wall_ns",
+        "capture_id",
+        "connection_id",
+    )
+
+
+def offset_losses(facts: DataFrame) -> DataFrame:
+    """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
+    the first fetch that found none (``wall_ns``, its capture and connection), how many
+    such fetches, and ``deleted_wall_ns`` of a DeleteGroups in between (else null)."""
+    commits = successful_commits(facts).select(
+        *_PARTITION, F.col("offset").alias("committed"), F.col("wall_ns").alias("committed_wall_ns")
+    )
+    empty = fetched_offsets(facts).filter(F.col("offset") == NO_OFFSET)
+    pairs = empty.join(commits, _PARTITION).filter(F.col("committed_wall_ns") < F.col("wall_ns"))
+    last = pairs.groupBy(*_PARTITION, "wall_ns", "capture_id", "connection_id").agg(
+        F.max_by("committed", "committed_wall_ns").alias("last_offset"),
+        F.max("committed_wall_ns").alias("committed_wall_ns"),
+    )
+    per_loss = last.groupBy(*_PARTITION, "last_offset", "committed_wall_ns").agg(
+        F.min_by(F.struct("wall_ns", "capture_id", "connection_id"), "wall_ns").alias("first"),
+        F.count("*").alias("fetches"),
+    )
+    deletes = facts.filter((F.col("fact") == "group") & (F.col("api_key") == DELETE_GROUPS)).select(
+        "group_id", F.col("wall_ns").alias("deleted_wall_ns")
+    )
+    flat = per_loss.select(
+        *_PARTITION,
+        "last_offset",
+        "committed_wall_ns",
+        F.col("first.wall_ns").alias("wall_ns"),
+        F.col("first.capture_id").alias("capture_id"),
+        F.col("first.connection_id").alias("connection_id"),
+        "fetches",
+    )
+    explained = flat.join(deletes, "group_id", "left").withColumn(
+        "deleted_wall_ns",
+        F.when(
+            (F.col("deleted_wall_ns") > F.col("committed_wall_ns"))
+            & (F.col("deleted_wall_ns") < F.col("wall_ns")),
+            F.col("deleted_wall_ns"),
+        ),
+    )
+    keys = [
+        *_PARTITION,
+        "last_offset",
+        "committed_wall_ns",
+        "wall_ns",
+        "capture_id",
+        "connection_id",
+        "fetches",
+    ]
+    return (
+        explained.groupBy(*keys)
+        .agg(F.max("deleted_wall_ns").alias("deleted_wall_ns"))
+        .select(
+            "group_id",
+            "topic",
+            "partition",
+            "last_offset",
+            "committed_wall_ns",
+            "wall_ns",
+            "capture_id",
+            "connection_id",
+            "fetches",
+            "deleted_wall_ns",
+        )
+    )

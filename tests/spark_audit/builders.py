@@ -1,0 +1,202 @@
+"""Small hand-built captures and facts for the check tests: rows as dicts, frames encoded
+with kafka-python, DataFrames with the exact capture and fact schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from kafka.record.memory_records import MemoryRecordsBuilder
+from pyspark.sql import DataFrame, SparkSession
+
+from corrfix.capture.schema import CAPTURE_SCHEMA, Source, schema_for
+from protocol import request_class, response_class
+from protocol.encoding import encode_request, encode_response
+from spark_audit.facts import FACT_SCHEMA, FACT_SPARK_SCHEMA
+from spark_audit.schema import CAPTURE_SPARK_SCHEMA
+
+CAPTURE = "cafe" * 8
+WIRE_CAPTURE = "beef" * 8
+MS = 1_000_000
+
+
+def row(
+    connection: str,
+    seq: int,
+    kind: str = "frame",
+    *,
+    source: str = "proxy",
+    wall_ms: float | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    """A capture row; ``wall_ns`` and ``mono_ns`` default to ``seq`` milliseconds."""
+    ns = int((seq if wall_ms is None else wall_ms) * MS)
+    base: dict[str, Any] = dict.fromkeys(CAPTURE_SCHEMA.names)
+    base.update(
+        capture_id=CAPTURE,
+        source=source,
+        connection_id=connection,
+        seq=seq,
+        kind=kind,
+        wall_ns=ns,
+        mono_ns=ns,
+    )
+    base.update(values)
+    return base
+
+
+def req(
+    connection: str,
+    seq: int,
+    side: str,
+    api_key: int,
+    cid: int | None = None,
+    uid: int | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    return row(
+        connection,
+        seq,
+        side=side,
+        direction="request",
+        api_key=api_key,
+        api_version=values.pop("api_version", 1),
+        client_correlation_id=cid,
+        upstream_correlation_id=uid,
+        **values,
+    )
+
+
+def resp(
+    connection: str,
+    seq: int,
+    side: str,
+    api_key: int | None,
+    cid: int | None = None,
+    uid: int | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    return row(
+        connection,
+        seq,
+        side=side,
+        direction="response",
+        api_key=api_key,
+        api_version=values.pop("api_version", 1),
+        client_correlation_id=cid,
+        upstream_correlation_id=uid,
+        **values,
+    )
+
+
+def repair(
+    connection: str, seq: int, event: str, uid: int | None, cid: int | None = None, **values: Any
+) -> dict:
+    return row(
+        connection,
+        seq,
+        "repair",
+        event=event,
+        upstream_correlation_id=uid,
+        client_correlation_id=cid,
+        **values,
+    )
+
+
+def capture_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    names = CAPTURE_SPARK_SCHEMA.names
+    return spark.createDataFrame([tuple(r[n] for n in names) for r in rows], CAPTURE_SPARK_SCHEMA)
+
+
+def write_capture(directory: Path, rows: list[dict[str, Any]]) -> Path:
+    """``rows`` (one capture, one source) as a capture file, as corrfix would name it."""
+    first = rows[0]
+    schema = schema_for(first["capture_id"], Source(first["source"]))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"capture-20250101T000000.000000Z-{first['capture_id'][:8]}-000001.arrows"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=schema))
+    return path
+
+
+def fact(
+    connection: str,
+    seq: int,
+    fact_kind: str,
+    *,
+    direction: str,
+    api_key: int,
+    cid: int,
+    wall_ms: float | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    base: dict[str, Any] = dict.fromkeys(FACT_SCHEMA.names)
+    base.update(
+        capture_id=CAPTURE,
+        connection_id=connection,
+        seq=seq,
+        wall_ns=int((seq if wall_ms is None else wall_ms) * MS),
+        direction=direction,
+        api_key=api_key,
+        api_version=1,
+        correlation_id=cid,
+        fact=fact_kind,
+    )
+    base.update(values)
+    return base
+
+
+def facts_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    names = FACT_SPARK_SCHEMA.names
+    return spark.createDataFrame([tuple(r[n] for n in names) for r in rows], FACT_SPARK_SCHEMA)
+
+
+def records(n: int = 2, producer_id: int = -1, base_sequence: int = -1, value: bytes = b"v") -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    if producer_id >= 0:
+        builder.set_producer_state(producer_id, 0, base_sequence, False)
+    for i in range(n):
+        builder.append(timestamp=1_700_000_000_000 + i, key=None, value=value + b"%d" % i)
+    builder.close()
+    return bytes(builder.buffer())
+
+
+def produce_frame(
+    cid: int,
+    *,
+    acks: int = 1,
+    version: int = 9,
+    transactional_id: str | None = None,
+    client_id: str | None = "client",
+    topic: str = "t",
+    partition: int = 0,
+    batch: bytes | None = None,
+) -> bytes:
+    cls = request_class(0)
+    data = cls.TopicProduceData(
+        name=topic,
+        partition_data=[
+            cls.TopicProduceData.PartitionProduceData(index=partition, records=batch or records())
+        ],
+    )
+    kwargs: dict[str, Any] = {"acks": acks, "timeout_ms": 1000, "topic_data": [data]}
+    if version >= 3:
+        kwargs["transactional_id"] = transactional_id
+    return encode_request(cls(version=version, **kwargs), cid, client_id)
+
+
+ACKS1 = produce_frame(0, acks=1)
+"""A Produce request that expects an answer."""
+ACKS0 = produce_frame(0, acks=0)
+"""A Produce request that must get none."""
+
+
+def produce_answer(cid: int, error_code: int = 0, topic: str = "t", partition: int = 0) -> bytes:
+    """A Produce v9 answer for one partition."""
+    cls = response_class(0)
+    part = cls.TopicProduceResponse.PartitionProduceResponse(
+        index=partition, error_code=error_code, base_offset=0
+    )
+    body = cls(version=9, responses=[cls.TopicProduceResponse(name=topic, partition_responses=[part])])
+    return encode_response(body, cid)

@@ -1,0 +1,78 @@
+"""Small hand-built captures shared by the ordering and client-view check tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..builders import ACKS0, ACKS1, capture_df, repair, req, resp, row
+
+
+@pytest.fixture(scope="module")
+def proxy_capture(spark):
+    """c1: a lost Produce answer repaired by a re-send, a stray, an acks=0 reply and a probe;
+    c2: a lost Metadata answer that corrfix did not repair, answered late."""
+    c1 = [
+        row("c1", 0, "open"),
+        req("c1", 1, "client", 0, cid=10, frame=ACKS1, api_version=9),
+        req("c1", 2, "upstream", 0, cid=10, uid=0, frame=ACKS1, api_version=9),
+        req("c1", 3, "client", 3, cid=11),
+        req("c1", 4, "upstream", 3, cid=11, uid=1),
+        resp("c1", 5, "upstream", 3, cid=11, uid=1),
+        repair("c1", 6, "skip_detected", 0, 10, api_key=0, attempt=1),
+        req("c1", 7, "upstream", 0, cid=10, uid=2, frame=ACKS1, api_version=9),
+        repair("c1", 8, "requeue", 0, 10, api_key=0, attempt=2, new_upstream_correlation_id=2),
+        repair("c1", 9, "possible_duplicate", 2, 10, api_key=0, attempt=2),
+        resp("c1", 10, "upstream", 0, cid=10, uid=2),
+        resp("c1", 11, "client", 0, cid=10, uid=2),
+        resp("c1", 12, "client", 3, cid=11, uid=1),
+        resp("c1", 13, "upstream", None, uid=77),
+        repair("c1", 14, "stale_drop", 77),
+        req("c1", 15, "client", 0, cid=12, frame=ACKS0, api_version=9),
+        req("c1", 16, "upstream", 0, cid=12, uid=3, frame=ACKS0, api_version=9),
+        req("c1", 17, "upstream", 18, uid=4, api_version=0),
+        repair("c1", 18, "probe_sent", 4, api_key=18),
+        resp("c1", 19, "upstream", 0, cid=12, uid=3),
+        repair("c1", 20, "stale_drop", 3, api_key=0),
+        resp("c1", 21, "upstream", 18, uid=4, api_version=0),
+        row("c1", 22, "close", reason="client closed"),
+    ]
+    c2 = [
+        req("c2", 1, "upstream", 3, cid=5, uid=0),
+        req("c2", 2, "upstream", 3, cid=6, uid=1),
+        resp("c2", 3, "upstream", 3, cid=6, uid=1),
+        resp("c2", 4, "upstream", 3, cid=5, uid=0),
+    ]
+    return capture_df(spark, c1 + c2)
+
+
+@pytest.fixture(scope="module")
+def wire_capture(spark):
+    w1 = [
+        req("w1", 1, "client", 3, cid=1),
+        req("w1", 2, "client", 3, cid=2),
+        resp("w1", 3, "client", 3, cid=2),
+        resp("w1", 4, "client", 3, cid=1),
+        req("w1", 5, "client", 0, cid=3, frame=ACKS0, api_version=9),
+        resp("w1", 6, "client", 0, cid=3, api_version=9),
+        resp("w1", 7, "client", None, cid=99, reason="unmatched"),
+        req("w1", 8, "client", 18, cid=4),
+        resp("w1", 9, "client", 18, cid=4),
+        resp("w1", 10, "client", 18, cid=4),
+        req("w1", 11, "client", 3, cid=4),
+        resp("w1", 12, "client", 3, cid=4),
+        req("w1", 13, "client", 1, cid=5),
+        req("w1", 14, "client", 3, cid=6),
+        resp("w1", 15, "client", 3, cid=6),
+        req("w1", 16, "client", 3, cid=7),
+        row("w1", 17, "close", reason="fin"),
+    ]
+    w2 = [
+        req("w2", 1, "client", 3, cid=2**31 - 1),
+        resp("w2", 2, "client", 3, cid=2**31 - 1),
+        req("w2", 3, "client", 3, cid=0),
+        resp("w2", 4, "client", 3, cid=0),
+        req("w2", 5, "client", 3, cid=1),
+        row("w2", 6, "close", reason="capture_end,response_gap=10"),
+    ]
+    w3 = [req("w3", 1, "client", 3, cid=9)]
+    return capture_df(spark, [{**r, "source": "wire"} for r in w1 + w2 + w3])

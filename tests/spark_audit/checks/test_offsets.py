@@ -1,0 +1,86 @@
+"""Check 5, committed-offset loss, on hand-built facts."""
+
+from __future__ import annotations
+
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+from spark_audit.checks.offsets import offset_losses
+
+from ..builders import CAPTURE, MS, fact, facts_df
+
+
+def test_committed_offset_loss(spark):
+    def commit(conn, seq, wall_ms, offset, partition=0, error_code=0):
+        return [
+            fact(
+                conn,
+                seq,
+                "commit",
+                direction="request",
+                api_key=8,
+                cid=seq,
+                wall_ms=wall_ms,
+                group_id="g",
+                topic="t",
+                partition=partition,
+                offset=offset,
+            ),
+            fact(
+                conn,
+                seq + 1,
+                "commit_ack",
+                direction="response",
+                api_key=8,
+                cid=seq,
+                wall_ms=wall_ms + 1,
+                topic="t",
+                partition=partition,
+                error_code=error_code,
+            ),
+        ]
+
+    def fetch(conn, seq, wall_ms, offset, partition=0):
+        return [
+            fact(conn, seq, "group", direction="request", api_key=9, cid=seq, wall_ms=wall_ms, group_id="g"),
+            fact(
+                conn,
+                seq + 1,
+                "fetched_offset",
+                direction="response",
+                api_key=9,
+                cid=seq,
+                wall_ms=wall_ms + 1,
+                topic="t",
+                partition=partition,
+                offset=offset,
+                error_code=0,
+            ),
+        ]
+
+    rows = (
+        fetch("a", 1, 0, -1)  # nothing committed yet: not a loss
+        + commit("a", 3, 10, 5)
+        + commit("a", 5, 20, 9)
+        + commit("a", 7, 30, 11, error_code=25)  # refused: not a good offset
+        + commit("a", 9, 40, 3, partition=1)
+        + fetch("b", 11, 50, 9)  # fine
+        + [fact("x", 13, "group", direction="request", api_key=42, cid=13, wall_ms=60, group_id="g")]
+        + fetch("c", 15, 70, -1)
+        + fetch("d", 17, 80, -1)
+    )
+    expected = [
+        Row(
+            group_id="g",
+            topic="t",
+            partition=0,
+            last_offset=9,
+            committed_wall_ns=21 * MS,
+            wall_ns=71 * MS,
+            capture_id=CAPTURE,
+            connection_id="c",
+            fetches=2,
+            deleted_wall_ns=60 * MS,
+        ),
+    ]
+    assertDataFrameEqual(offset_losses(facts_df(spark, rows)), expected)

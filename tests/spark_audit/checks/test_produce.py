@@ -1,0 +1,128 @@
+"""Check 6, duplicate produce and idempotent sequences, on hand-built facts."""
+
+from __future__ import annotations
+
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+from spark_audit.checks.produce import attempts, duplicate_batches, sequence_problems
+
+from ..builders import CAPTURE, MS, fact, facts_df
+
+
+def batch(conn, seq, wall_ms, crc, *, pid=-1, base=-1, count=2, partition=0):
+    return fact(
+        conn,
+        seq,
+        "produce_batch",
+        direction="request",
+        api_key=0,
+        cid=seq,
+        wall_ms=wall_ms,
+        topic="t",
+        partition=partition,
+        crc=crc,
+        producer_id=pid,
+        producer_epoch=0 if pid >= 0 else -1,
+        base_sequence=base,
+        record_count=count,
+        acks=1,
+    )
+
+
+def ack(conn, seq, wall_ms, error_code=0, partition=0):
+    return fact(
+        conn,
+        seq + 1,
+        "produce_ack",
+        direction="response",
+        api_key=0,
+        cid=seq,
+        wall_ms=wall_ms,
+        topic="t",
+        partition=partition,
+        error_code=error_code,
+        offset=0,
+    )
+
+
+def test_duplicate_batches_without_producer_id(spark):
+    rows = [
+        batch("a", 1, 0, 111),
+        ack("a", 1, 1),
+        batch("a", 3, 5, 111),
+        ack("a", 3, 6),  # re-sent, both acknowledged: appended twice
+        batch("a", 5, 10, 222),  # answer lost
+        batch("b", 7, 20, 222),
+        ack("b", 7, 21),  # re-sent on another connection
+        batch("a", 9, 30, 333),
+        ack("a", 9, 31),  # sent once
+    ]
+    expected = [
+        Row(
+            capture_id=CAPTURE,
+            connection_id="a",
+            wall_ns=0,
+            topic="t",
+            partition=0,
+            crc=111,
+            record_count=2,
+            sends=2,
+            acknowledged=2,
+            last_wall_ns=5 * MS,
+            kind="appended_twice",
+        ),
+        Row(
+            capture_id=CAPTURE,
+            connection_id="a",
+            wall_ns=10 * MS,
+            topic="t",
+            partition=0,
+            crc=222,
+            record_count=2,
+            sends=2,
+            acknowledged=1,
+            last_wall_ns=20 * MS,
+            kind="possible_duplicate",
+        ),
+    ]
+    assertDataFrameEqual(duplicate_batches(attempts(facts_df(spark, rows))), expected)
+
+
+def test_sequence_problems_of_idempotent_producers(spark):
+    rows = [
+        batch("a", 1, 0, 10, pid=7, base=0, count=2),
+        ack("a", 1, 1),
+        batch("a", 3, 5, 10, pid=7, base=0, count=2),
+        ack("a", 3, 6),  # retried: same batch
+        batch("a", 5, 10, 20, pid=7, base=2, count=3),
+        ack("a", 5, 11),  # in order
+        batch("a", 7, 15, 30, pid=7, base=8, count=1),  # gap: expected 5
+        batch("a", 9, 20, 40, pid=7, base=8, count=1),  # another batch reusing 8
+        batch("b", 11, 25, 50, pid=8, base=2**31 - 1, count=1),
+        batch("b", 13, 30, 60, pid=8, base=0, count=1),  # wrapped: in order
+    ]
+
+    def p(wall, pid, base, expected, count, crc, sends, kind, conn="a"):
+        return Row(
+            capture_id=CAPTURE,
+            connection_id=conn,
+            wall_ns=wall * MS,
+            producer_id=pid,
+            producer_epoch=0,
+            topic="t",
+            partition=0,
+            base_sequence=base,
+            expected_sequence=expected,
+            record_count=count,
+            crc=crc,
+            sends=sends,
+            kind=kind,
+        )
+
+    expected = [
+        p(0, 7, 0, None, 2, 10, 2, "retried"),
+        p(15, 7, 8, 5, 1, 30, 1, "sequence_gap"),
+        p(20, 7, 8, 9, 1, 40, 1, "sequence_reused"),
+    ]
+    assertDataFrameEqual(sequence_problems(attempts(facts_df(spark, rows))), expected)

@@ -1,0 +1,136 @@
+"""Check 4, error storms, leader changes and rebalances, on hand-built facts."""
+
+from __future__ import annotations
+
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+from spark_audit.checks.storms import error_storms, leader_changes, rebalances
+
+from ..builders import MS, fact, facts_df
+
+S = 1000  # ms
+
+
+def error(conn, seq, code, wall_ms, api_key=0):
+    return fact(
+        conn, seq, "error", direction="response", api_key=api_key, cid=seq, wall_ms=wall_ms, error_code=code
+    )
+
+
+def leader(conn, seq, wall_ms, leader_id, epoch, partition=0):
+    return fact(
+        conn,
+        seq,
+        "leader",
+        direction="response",
+        api_key=3,
+        cid=seq,
+        wall_ms=wall_ms,
+        topic="t",
+        partition=partition,
+        leader_id=leader_id,
+        leader_epoch=epoch,
+        error_code=0,
+    )
+
+
+def test_error_storms_per_window_and_category(spark):
+    rows = [error("a", i, 6, 100 * i) for i in range(3)]  # NOT_LEADER_OR_FOLLOWER, window 0
+    rows += [error("b", 10 + i, 19, 20 * S + i) for i in range(2)]  # NOT_ENOUGH_REPLICAS, window 20 s
+    rows += [error("b", 20, 3, 500)]  # UNKNOWN_TOPIC_OR_PARTITION: no category
+    rows += [leader("a", 30, 50, 1, 4), leader("b", 31, 60, 1, 4), leader("b", 32, 900, 2, 5)]
+    expected = [
+        Row(
+            window_start_ns=0,
+            category="leader_election",
+            errors=3,
+            leader_changes=1,
+            connections=1,
+            error_codes=[6],
+            storm=True,
+        ),
+        Row(
+            window_start_ns=20 * S * MS,
+            category="isr_shrink",
+            errors=2,
+            leader_changes=0,
+            connections=1,
+            error_codes=[19],
+            storm=False,
+        ),
+    ]
+    assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=4), expected)
+
+
+def test_leader_changes_are_deduplicated_across_clients(spark):
+    rows = [
+        leader("a", 1, 10, 1, 4),
+        leader("b", 2, 20, 1, 4),
+        leader("a", 3, 30, 2, 6),
+        leader("b", 4, 40, 2, 6),
+    ]
+    expected = [
+        Row(topic="t", partition=0, wall_ns=30 * MS, from_leader=1, to_leader=2, from_epoch=4, to_epoch=6)
+    ]
+    assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
+
+
+def test_rebalances_per_group_and_window(spark):
+    def call(conn, seq, api, wall_ms, group="g", **answer):
+        out = [
+            fact(
+                conn, seq, "group", direction="request", api_key=api, cid=seq, wall_ms=wall_ms, group_id=group
+            )
+        ]
+        if answer:
+            out.append(
+                fact(
+                    conn,
+                    seq + 1,
+                    answer.pop("fact"),
+                    direction="response",
+                    api_key=api,
+                    cid=seq,
+                    wall_ms=wall_ms + 1,
+                    **answer,
+                )
+            )
+        return out
+
+    rows = (
+        call("a", 1, 11, 0, fact="generation", generation_id=1, member_id="m1", error_code=0)
+        + call("a", 3, 14, 10)
+        + call("b", 5, 11, 100, fact="generation", generation_id=2, member_id="m2", error_code=0)
+        + call("a", 7, 12, 200, fact="error", error_code=27)
+        + call("a", 9, 11, 300, fact="generation", generation_id=2, member_id="m1", error_code=0)
+        + call("a", 11, 13, 400)
+        + call("c", 13, 12, 15 * S, group="other")
+    )
+    expected = [
+        Row(
+            group_id="g",
+            window_start_ns=0,
+            joins=3,
+            syncs=1,
+            leaves=1,
+            heartbeats=1,
+            generations=[1, 2],
+            members=2,
+            rebalance_errors=1,
+            storm=True,
+        ),
+        Row(
+            group_id="other",
+            window_start_ns=10 * S * MS,
+            joins=0,
+            syncs=0,
+            leaves=0,
+            heartbeats=1,
+            generations=[],
+            members=0,
+            rebalance_errors=0,
+            storm=False,
+        ),
+    ]
+    assertDataFrameEqual(rebalances(facts_df(spark, rows), 10, threshold=2), expected)

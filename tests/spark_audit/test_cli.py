@@ -1,0 +1,39 @@
+"""The audit's command line: ``python -m spark_audit`` and ``corrfix audit`` share it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from spark_audit.cli import main, register_command
+
+
+def test_writes_both_reports_and_fails_on_errors(spark, small_capture, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main([str(small_capture), "-o", str(out), "--check", "produce", "--fail-on", "error"]) == 1
+    printed = capsys.readouterr()
+    assert f"{out / 'report.html'}" in printed.out and "[audit" in printed.err
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["checks"]) == ["produce"] and report["summary"]["by_severity"]["error"] == 1
+    assert (out / "report.html").exists()
+
+
+def test_fail_on_ignores_what_is_less_severe(spark, small_capture, tmp_path, capsys):
+    argv = [str(small_capture), "-o", str(tmp_path), "--check", "upstream_ordering", "-q"]
+    assert main([*argv, "--fail-on", "info"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_usage_errors_exit_2(spark, small_capture, tmp_path, capsys):
+    assert main([str(tmp_path / "nothing"), "-o", str(tmp_path / "out"), "-q"]) == 2
+    assert "no such capture" in capsys.readouterr().err
+    assert main([str(small_capture), "-o", str(tmp_path / "out"), "--conf", "nonsense"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_register_command_wires_audit_into_a_cli():
+    parser = argparse.ArgumentParser(prog="corrfix")
+    audit = register_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["audit", "DIR", "-o", "OUT", "--fail-on", "warning", "--window", "5"])
+    assert audit.prog.endswith("audit") and args.run.__name__ == "run"
+    assert (args.path, str(args.output), args.fail_on, args.window) == ("DIR", "OUT", "warning", 5.0)

@@ -1,0 +1,128 @@
+"""Bodies to facts with kafka-python: plain Python, no Spark."""
+
+from __future__ import annotations
+
+from protocol import request_class, response_class
+from protocol.encoding import encode_request, encode_response
+from spark_audit.decode import decode, errors
+
+from .builders import produce_frame, records
+
+
+def facts_of(frame: bytes, api_key: int, version: int, direction: str) -> list[dict]:
+    return decode(api_key, version, direction, frame, len(frame))
+
+
+def test_produce_request_gives_one_fact_per_record_batch():
+    batch = records(3, producer_id=7, base_sequence=10) + records(2)
+    got = facts_of(produce_frame(1, acks=-1, batch=batch, transactional_id="tx"), 0, 9, "request")
+    assert [
+        (f["producer_id"], f["base_sequence"], f["record_count"], f["acks"], f["transactional_id"])
+        for f in got
+    ] == [
+        (7, 10, 3, -1, "tx"),
+        (-1, -1, 2, -1, "tx"),
+    ]
+    assert all(f["topic"] == "t" and f["partition"] == 0 and f["crc"] > 0 for f in got)
+
+
+def test_produce_answer_gives_acks_and_errors():
+    cls = response_class(0)
+    part = cls.TopicProduceResponse.PartitionProduceResponse
+    body = cls(
+        version=9,
+        responses=[
+            cls.TopicProduceResponse(
+                name="t",
+                partition_responses=[part(index=0, error_code=0, base_offset=5), part(index=1, error_code=6)],
+            )
+        ],
+    )
+    got = facts_of(encode_response(body, 3), 0, 9, "response")
+    assert [(f["fact"], f["partition"], f["error_code"]) for f in got] == [
+        ("produce_ack", 0, 0),
+        ("produce_ack", 1, 6),
+        ("error", 1, 6),
+    ]
+    assert got[-1]["topic"] == "t"
+
+
+def test_metadata_leaders_and_offset_fetch_of_both_layouts():
+    meta = response_class(3)
+    topic = meta.MetadataResponseTopic(
+        name="t",
+        error_code=0,
+        partitions=[
+            meta.MetadataResponseTopic.MetadataResponsePartition(
+                partition_index=0, leader_id=111, leader_epoch=4, error_code=0, replica_nodes=[], isr_nodes=[]
+            )
+        ],
+    )
+    got = facts_of(encode_response(meta(version=12, brokers=[], topics=[topic]), 1), 3, 12, "response")
+    assert [(f["fact"], f["leader_id"], f["leader_epoch"]) for f in got] == [("leader", 111, 4)]
+
+    fetch = response_class(9)
+    old = fetch(
+        version=5,
+        error_code=0,
+        topics=[
+            fetch.OffsetFetchResponseTopic(
+                name="t",
+                partitions=[
+                    fetch.OffsetFetchResponseTopic.OffsetFetchResponsePartition(
+                        partition_index=2, committed_offset=-1, error_code=0
+                    )
+                ],
+            )
+        ],
+    )
+    got = facts_of(encode_response(old, 1), 9, 5, "response")
+    assert [(f["fact"], f["group_id"], f["partition"], f["offset"]) for f in got] == [
+        ("fetched_offset", None, 2, -1)
+    ]
+    group = fetch.OffsetFetchResponseGroup
+    new = fetch(
+        version=8,
+        groups=[
+            group(
+                group_id="g",
+                error_code=0,
+                topics=[
+                    group.OffsetFetchResponseTopics(
+                        name="t",
+                        partitions=[
+                            group.OffsetFetchResponseTopics.OffsetFetchResponsePartitions(
+                                partition_index=0, committed_offset=42, error_code=0
+                            )
+                        ],
+                    )
+                ],
+            )
+        ],
+    )
+    got = facts_of(encode_response(new, 1), 9, 8, "response")
+    assert [(f["fact"], f["group_id"], f["offset"]) for f in got] == [("fetched_offset", "g", 42)]
+
+
+def test_group_requests_name_their_group():
+    join = request_class(11)(
+        version=5,
+        group_id="g",
+        session_timeout_ms=6000,
+        rebalance_timeout_ms=6000,
+        member_id="m",
+        protocol_type="consumer",
+        protocols=[],
+    )
+    assert facts_of(encode_request(join, 1), 11, 5, "request") == [
+        {"fact": "group", "group_id": "g", "member_id": "m", "generation_id": None}
+    ]
+    delete = request_class(42)(version=1, groups_names=["a", "b"])
+    assert [f["group_id"] for f in facts_of(encode_request(delete, 1), 42, 1, "request")] == ["a", "b"]
+
+
+def test_cut_and_unknown_frames():
+    frame = produce_frame(1)
+    assert decode(0, 9, "request", frame[:20], len(frame))[0]["fact"] == "undecodable"
+    assert decode(3, 12, "request", b"\0" * 12, 12) == []  # Metadata requests are not needed
+    assert list(errors(object())) == []

@@ -1,0 +1,63 @@
+"""The whole job on a small capture: every check runs, and the report counts what each found."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_audit import CHECKS
+from spark_audit.job import AuditOptions, run_audit
+
+from .builders import CAPTURE, WIRE_CAPTURE
+
+
+def counts(report):
+    return {
+        name: {(c["kind"], c["severity"]): c["count"] for c in check["counts"]}
+        for name, check in report["checks"].items()
+    }
+
+
+def test_every_check_runs_and_counts_its_findings(small_report):
+    assert list(small_report["checks"]) == list(CHECKS)
+    assert counts(small_report) == {
+        "upstream_ordering": {},
+        "client_view": {("acks0_reply", "error"): 1},
+        "latency": {},
+        "storms": {},
+        "offsets": {},
+        "produce": {("appended_twice", "error"): 1},
+    }
+    summary = small_report["summary"]
+    assert (summary["findings"], summary["worst"]) == (2, "error")
+    assert summary["by_severity"] == {"info": 0, "warning": 0, "error": 2}
+
+
+def test_findings_name_their_connection_and_time(small_report):
+    (acks0,) = small_report["checks"]["client_view"]["findings"]
+    assert (acks0["capture_id"], acks0["connection_id"], acks0["wall_ns"]) == (WIRE_CAPTURE, "w1", 2_000_000)
+    (twice,) = small_report["checks"]["produce"]["findings"]
+    assert (twice["capture_id"], twice["connection_id"], twice["wall_ns"]) == (CAPTURE, "p1", 2_000_000)
+    assert "sent 2 times, 2 acknowledged" in twice["summary"]
+    assert sorted((t["check"], t["severity"], t["count"]) for t in small_report["timeline"]) == [
+        ("client_view", "error", 1),
+        ("produce", "error", 1),
+    ]
+
+
+def test_the_report_describes_the_input(small_report):
+    captures = {c["capture_id"]: c for c in small_report["captures"]}
+    assert {k: (c["source"], c["rows"], c["frames"]) for k, c in captures.items()} == {
+        CAPTURE: ("proxy", 10, 8),
+        WIRE_CAPTURE: ("wire", 4, 2),
+    }
+    # Only broker-side frames are decoded: the proxy's upstream side and the wire capture.
+    assert small_report["decode"]["facts"] == {"produce_batch": 3, "produce_ack": 3}
+    (produce,) = small_report["latency"]["by_api"]
+    assert (produce["api_key"], produce["requests"], produce["p50_ms"]) == (0, 2, 3.0)
+
+
+def test_unknown_checks_and_empty_directories_are_refused(spark, tmp_path):
+    with pytest.raises(ValueError, match="unknown checks: nonsense"):
+        run_audit(spark, AuditOptions(str(tmp_path), checks=("nonsense",)))
+    with pytest.raises(FileNotFoundError, match="no capture files"):
+        run_audit(spark, AuditOptions(str(tmp_path)))
