@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="100 messages, 5 s request timeout")
     parser.add_argument("--skip-lossy", action="store_true", help="skip the slow run without corrfix")
+    parser.add_argument("--output", type=Path, help="JSON file (default: bench/results/recovery-<date>.json)")
     args = parser.parse_args()
     if args.quick:
         args.messages, args.request_timeout_ms = 100, 5000
@@ -70,8 +71,8 @@ def main() -> int:
         "checks": checks,
         "goal": "corrfix <= 2.0x lossless",
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"recovery-{time.strftime('%Y-%m-%d')}.json"
+    out = args.output or RESULTS / f"recovery-{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratio_vs_lossless"]), f"-> {out}")
     return 0

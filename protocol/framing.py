@@ -55,6 +55,11 @@ class FrameDecoder:
             stop = pos + SIZE_PREFIX + size
             if stop > end:
                 break
+            if pos == 0 and stop == end:  # the buffer is exactly one frame: hand it over uncopied
+                self._buf = bytearray()
+                self._pos = 0
+                frames.append(buf)
+                return frames
             frames.append(buf[pos:stop])
             pos = stop
         if pos == end:

@@ -290,3 +290,32 @@ async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
             assert await stalled.receive_some(100) == b""
         nursery.cancel_scope.cancel()
     assert any("incomplete" in (e.get("reason") or "") for e in logs if e["event"] == "closing connection")
+
+
+def big_request(correlation_id: int, body: bytes) -> bytes:
+    """A ListOffsets v0 frame (header v1, client id "c") with ``body`` after the header."""
+    payload = LIST_OFFSETS.to_bytes(2, "big") + (0).to_bytes(2, "big")
+    payload += correlation_id.to_bytes(4, "big") + b"\x00\x01c" + body
+    return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_concurrent_big_frames_never_mix_between_connections():
+    """The readers share one receive buffer: what each client gets back must be its own bytes."""
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+
+        async def client(number: int) -> None:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            bodies = [bytes([number, index]) * 150_000 for index in range(4)]
+            async with trio.open_nursery() as sending:
+                sending.start_soon(stream.send_all, b"".join(big_request(i, b) for i, b in enumerate(bodies)))
+                got = await read_frames(stream, len(bodies))
+            assert [(int.from_bytes(f[4:8], "big"), bytes(f[8:])) for f in got] == list(enumerate(bodies))
+            await stream.aclose()
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as clients:
+                for number in range(8):
+                    clients.start_soon(client, number)
+        nursery.cancel_scope.cancel()
