@@ -89,3 +89,8 @@ class FakeBroker:
                         await stream.send_all(out)
                     except trio.BrokenResourceError:
                         return
+
+
+def answers(frames: list[bytearray]) -> list[tuple[int, int]]:
+    """(client correlation id, token) of each echoed answer."""
+    return [(int.from_bytes(f[4:8], "big", signed=True), int.from_bytes(f[-8:], "big")) for f in frames]

@@ -36,7 +36,7 @@ from corrfix.repair import RepairConfig
 from protocol import FrameDecoder, parse_request_header
 from protocol.framing import frame
 from tests.corrfix.repair_model import request_frame
-from tests.fake_broker import API_VERSIONS, api_versions_answer, echo_answer
+from tests.fake_broker import API_VERSIONS, answers, api_versions_answer, echo_answer
 
 # Answers from the echo broker are not real Kafka bodies: use an api key corrfix never decodes.
 LIST_OFFSETS = 2
@@ -162,11 +162,6 @@ async def read_frames(stream: trio.abc.Stream, count: int) -> list[bytearray]:
             break
         frames.extend(decoder.feed(data))
     return frames
-
-
-def answers(frames: list[bytearray]) -> list[tuple[int, int]]:
-    """(client correlation id, token) of each echoed answer."""
-    return [(int.from_bytes(f[4:8], "big", signed=True), int.from_bytes(f[-8:], "big")) for f in frames]
 
 
 class Bystander:

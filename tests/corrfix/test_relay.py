@@ -12,7 +12,7 @@ from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from protocol import FrameDecoder
 from tests.corrfix.repair_model import PRODUCE, request_frame
-from tests.fake_broker import FakeBroker, echo_answer
+from tests.fake_broker import FakeBroker, answers, echo_answer
 
 # Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
 # corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
@@ -43,11 +43,6 @@ async def read_frames(stream: trio.SocketStream, count: int) -> list[bytearray]:
             break
         frames.extend(decoder.feed(data))
     return frames
-
-
-def answers(frames: list[bytearray]) -> list[tuple[int, int]]:
-    """(client correlation id, token) of each echoed answer."""
-    return [(int.from_bytes(f[4:8], "big", signed=True), int.from_bytes(f[-8:], "big")) for f in frames]
 
 
 async def test_relays_in_order_with_client_ids_restored():

@@ -24,8 +24,8 @@ from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.tls import TlsConfig, TlsError, tls_config_from_args
 from protocol import FrameDecoder, ProtocolError
 from tests.corrfix.repair_model import request_frame
-from tests.corrfix.test_relay import FAST_REPAIR, LIST_OFFSETS, answers
-from tests.fake_broker import FakeBroker
+from tests.corrfix.test_relay import FAST_REPAIR, LIST_OFFSETS
+from tests.fake_broker import FakeBroker, answers
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

@@ -23,11 +23,11 @@ from corrfix.capture.writer import CaptureWriter
 from corrfix.chaos import ChaosRules
 from corrfix.chaos_relay import ChaosConfig, ChaosRelay, serve_chaos
 from corrfix.netutil import free_port
-from corrfix.observer import ConnectionObserver, Direction, Side
 from corrfix.relay import Address, Proxy, ProxyConfig
-from corrfix.repair import RepairConfig, RepairEvent
+from corrfix.repair import RepairConfig
 from corrfix.tansu import TansuBroker
 from tests.corrfix.capture.tcpdump import tcpdump
+from tests.corrfix.capture.watch import Watch
 
 PRODUCE = 0
 DEADLINE_S = 60.0
@@ -40,38 +40,6 @@ class Scenario:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-class _Closed:
-    """Observer wrapper: lets the scenario wait until every proxied connection has closed."""
-
-    def __init__(self, inner: ConnectionObserver) -> None:
-        self.inner = inner
-        self.active: set[str] = set()
-        self.opened = 0
-        self._changed = trio.Event()
-
-    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
-        self.inner.connection_opened(connection, client, upstream)
-        self.active.add(connection)
-        self.opened += 1
-        self._changed.set()
-
-    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
-        self.inner.frames(connection, side, direction, frames)
-
-    def repair(self, connection: str, event: RepairEvent) -> None:
-        self.inner.repair(connection, event)
-
-    def connection_closed(self, connection: str, reason: str) -> None:
-        self.inner.connection_closed(connection, reason)
-        self.active.discard(connection)
-        self._changed.set()
-
-    async def all_closed(self) -> None:
-        while self.opened == 0 or self.active:
-            self._changed = trio.Event()
-            await self._changed.wait()
-
-
 def through_corrfix(directory: Path, work: Callable[[str], Any], chaos: ChaosRules | None = None) -> Scenario:
     """Run blocking ``work(bootstrap)`` in a thread against corrfix on Tansu, capturing."""
     scenario = Scenario(directory)
@@ -80,7 +48,7 @@ def through_corrfix(directory: Path, work: Callable[[str], Any], chaos: ChaosRul
         port = free_port()
         with TansuBroker(advertised_port=port) as broker:
             writer = CaptureWriter(directory, flush_seconds=0.2).start()
-            watch = _Closed(writer)
+            watch = Watch(writer)
             try:
                 async with trio.open_nursery() as nursery:
                     upstream = broker.port
