@@ -66,3 +66,10 @@ def with_produce_acks(
 def expects_answer(api_key: Column, acks: Column) -> Column:
     """False only for a Produce with acks=0 (unknown acks count as expecting an answer)."""
     return ~((api_key == PRODUCE) & (F.coalesce(acks, F.lit(-1)) == 0))
+
+
+def with_acks(headers: DataFrame) -> DataFrame:
+    """``headers`` plus ``acks`` from the frame head (null without one), and without ``frame``."""
+    if "frame" not in headers.columns:
+        return headers.withColumn("acks", F.lit(None).cast("short"))
+    return with_produce_acks(headers).drop("frame")

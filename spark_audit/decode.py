@@ -1,5 +1,8 @@
 """Kafka bodies to flat facts, with kafka-python: plain Python, no Spark (run in executors).
 
+Produce requests are the exception: :mod:`.produce_walk` reads their record batch
+headers by hand (throughput), and hands anything unusual back to kafka-python.
+
 Only the api keys some check needs are decoded (``REQUEST_KEYS``, ``RESPONSE_KEYS``); each
 decoded frame gives zero or more facts, dicts of :data:`spark_audit.facts.FACT_SCHEMA`
 fields. ``error`` facts come from any decoded response: every non-zero ``error_code`` in
@@ -15,6 +18,8 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
 from protocol import ProtocolError, parse_request_header, request_class, response_body_offset, response_class
+
+from .produce_walk import produce_batch_facts
 
 Fact = dict[str, Any]
 
@@ -43,13 +48,28 @@ def decode(api_key: int, api_version: int, direction: str, frame: bytes, frame_l
         if len(frame) < frame_length:
             raise Undecodable(f"cut to {len(frame)} of {frame_length} bytes")
         if direction == "request":
+            if api_key == PRODUCE and (walked := _walk_produce(api_version, frame)) is not None:
+                return walked
             return list(_request_facts(api_key, api_version, _body(api_key, api_version, frame, True)))
         body = _body(api_key, api_version, frame, False)
-        return list(_response_facts(api_key, api_version, body)) + list(errors(body))
+        found = produce_errors(body) if api_key == PRODUCE else errors(body)
+        return list(_response_facts(api_key, api_version, body)) + list(found)
     except Undecodable as exc:
         return [{"fact": "undecodable", "note": str(exc)}]
     except Exception as exc:  # kafka-python raises assorted errors on malformed bodies
         return [{"fact": "undecodable", "note": f"{type(exc).__name__}: {exc}"[:200]}]
+
+
+def _walk_produce(api_version: int, frame: bytes) -> list[Fact] | None:
+    """A Produce request's batches by :mod:`.produce_walk` (None: decode it with kafka-python)."""
+    cls = request_class(PRODUCE)
+    if cls is None or api_version > cls.max_version:
+        return None
+    try:
+        offset = parse_request_header(frame).body_offset
+    except ProtocolError:
+        return None
+    return None if offset is None else produce_batch_facts(frame, offset, api_version)
 
 
 def _body(api_key: int, api_version: int, frame: bytes, is_request: bool) -> Any:
@@ -204,6 +224,20 @@ _PARTITION_ATTRS = ("partition_index", "index", "partition")
 def errors(body: Any) -> Iterator[Fact]:
     """Every non-zero error code in a decoded body, with its group, topic and partition."""
     yield from _walk(body, {})
+
+
+def produce_errors(body: Any) -> Iterator[Fact]:
+    """:func:`errors` of a Produce answer, without the generic walk (it cost more than the
+    decode): error codes sit only on partitions, under their topic."""
+    for topic in body.responses or ():
+        name = _topic(topic)
+        for partition in topic.partition_responses or ():
+            if partition.error_code:
+                code, index = partition.error_code, partition.index
+                fact: Fact = {"fact": "error", "error_code": code, "partition": index}
+                if isinstance(name, str):
+                    fact["topic"] = name
+                yield fact
 
 
 def _walk(obj: Any, context: dict[str, Any]) -> Iterator[Fact]:

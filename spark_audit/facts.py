@@ -95,19 +95,13 @@ def broker_frames(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) ->
 def _decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         rows: list[dict] = []
-        columns = {name: batch.column(name).to_pylist() for name in [*_PLACE, "frame_length"]}
-        frames = batch.column("frame")
-        for i in range(batch.num_rows):
-            frame = frames[i].as_py()
-            if frame is None or columns["api_key"][i] is None:
+        places = batch.select(_PLACE).to_pylist()  # one conversion per batch, not per value
+        lengths = batch.column("frame_length").to_pylist()
+        for place, frame, length in zip(places, batch.column("frame").to_pylist(), lengths, strict=True):
+            if frame is None or place["api_key"] is None:
                 continue
-            place = {name: columns[name][i] for name in _PLACE}
             facts = decode(
-                columns["api_key"][i],
-                columns["api_version"][i],
-                columns["direction"][i],
-                frame,
-                columns["frame_length"][i] or len(frame),
+                place["api_key"], place["api_version"], place["direction"], frame, length or len(frame)
             )
             rows.extend({**place, **fact} for fact in facts)
         if rows:

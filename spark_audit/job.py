@@ -1,8 +1,8 @@
 """The audit job: load a capture, run the chosen checks, return the report as a dict.
 
-The header checks (ordering, client view, latency) share one read of every row without
-frame bytes, except the head of Produce requests; the body checks (storms, offsets,
-produce) share one decode of the few broker-side frames they need.
+The header checks (ordering, client view, latency) share one cached read of every row
+without frame bytes (Produce acks are read from the frame head before caching); the body
+checks (storms, offsets, produce) share one decode of the few broker-side frames they need.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from . import CHECKS, SEVERITIES
 from . import findings as fnd
+from .acks import with_acks
 from .checks import client_view, latency, offsets, produce, storms, upstream
 from .facts import decode_facts
 from .load import Via, load_bodies, load_headers
@@ -30,6 +31,8 @@ from .windows import window_start
 REPORT_FORMAT = "corrfix-audit-report"
 REPORT_VERSION = 1
 BODY_CHECKS = frozenset({"storms", "offsets", "produce"})
+UNREAD_COLUMNS = ("client_address", "upstream_address", "attempt", "frame_length")
+"""Header columns no check reads: left out of the cached rows."""
 
 
 @dataclass
@@ -129,7 +132,8 @@ class _AuditRun:
 
     @functools.cached_property
     def headers(self) -> DataFrame:
-        headers = self.keep(load_headers(self.spark, self.options.path, self.options.via))
+        loaded = load_headers(self.spark, self.options.path, self.options.via)
+        headers = self.keep(with_acks(loaded.drop(*UNREAD_COLUMNS)))
         self.report["captures"] = _captures(headers)
         return headers
 

@@ -1,25 +1,43 @@
-"""Requests matched to their answers on one side of each connection, with window functions only.
+"""Requests matched to their answers on one side of each connection: one shuffle by connection,
+then vectorised matching per group of connections (:mod:`.pair_arrow`).
 
 A broker answers one connection's requests in order, so per connection and correlation id
 a response belongs to the latest request with that id before it, and a request's answer is
 the first response with its id after it (and before the id's next request: ids wrap).
-Ordering problems then follow from one more window: a request is *overtaken* when a later
+Ordering problems follow in the same pass: a request is *overtaken* when a later
 request's answer arrives first, that is, when the earliest answer to any later request
 comes before its own answer (or it never gets one).
 
-All windows grow from one end (never "unbounded following", which Spark evaluates in
-quadratic time): "after me" is computed as "before me" in descending order.
+Window functions did this before, at two sorts of every row per matching plus one for
+the ordering; one grouped Arrow pass is an order of magnitude cheaper.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
-from .acks import expects_answer, with_produce_acks
+from .acks import expects_answer, with_acks
+from .pair_arrow import PAIRS_SCHEMA, match
+
+PAIRS_SPARK_SCHEMA = from_arrow_schema(PAIRS_SCHEMA)
 
 KEY = ["capture_id", "connection_id"]
 """A connection: its id is unique only within its capture."""
+
+BUCKETS = 64
+"""Groups the connections are hashed into for matching: each is one Python call."""
+
+_REQUEST_ONLY = [
+    "skipped",
+    "overtaken_seq",
+    "overtaken_wall_ns",
+    "overtaken_cid",
+    "overtaken_api_key",
+    "overtaken_client_correlation_id",
+    "previous_request_cid",
+]
 
 _CARRIED = [
     "wall_ns",
@@ -37,58 +55,27 @@ def side_frames(headers: DataFrame, side: str) -> DataFrame:
 
 
 def matched(frames: DataFrame, id_column: str) -> DataFrame:
-    """Every frame with an id, with its partner: ``request_*`` and ``nth`` on responses,
-    ``answer_*`` on requests, ``expects`` (False only for acks=0 Produce) on requests."""
+    """Every frame with an id, with its partners (:data:`~.pair_arrow.PAIRS_SCHEMA`):
+    ``request_*`` and ``nth`` on responses; ``answer_*``, ``expects`` (False only for acks=0
+    Produce), ``skipped`` and ``overtaken_*`` on requests.
+
+    One shuffle: acks are read and the frame bytes dropped first, then whole connections
+    (hashed into :data:`BUCKETS` groups, so Python is called per bucket, not per
+    connection) are matched by :func:`~.pair_arrow.match`."""
     is_request = F.col("direction") == "request"
     frames = frames.filter(F.col(id_column).isNotNull())
-    if "frame" in frames.columns:
-        frames = with_produce_acks(frames)
-    else:
-        frames = frames.withColumn("acks", F.lit(None).cast("short"))
-    acks = F.col("acks")
+    if "acks" not in frames.columns:  # the job's cached headers carry them already
+        frames = with_acks(frames)
     f = frames.select(
         *KEY,
         "seq",
         "direction",
         *_CARRIED,
         F.col(id_column).alias("cid"),
-        F.when(is_request, expects_answer(F.col("api_key"), acks)).alias("expects"),
+        F.when(is_request, expects_answer(F.col("api_key"), F.col("acks"))).alias("expects"),
+        F.pmod(F.xxhash64(*KEY), F.lit(BUCKETS)).alias("_bucket"),
     )
-    by_id = Window.partitionBy(*KEY, "cid").orderBy("seq")
-    so_far = by_id.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    after = Window.partitionBy(*KEY, "cid").orderBy(F.col("seq").desc())
-    after = after.rowsBetween(Window.unboundedPreceding, -1)
-
-    def latest_request(column: str) -> Column:
-        return F.when(~is_request, F.last(F.when(is_request, F.col(column)), True).over(so_far))
-
-    def next_response(column: str) -> Column:
-        return F.last(F.when(~is_request, F.col(column)), True).over(after)
-
-    responses_so_far = F.sum(F.when(is_request, 0).otherwise(1)).over(so_far)
-    f = f.withColumn("_responses", responses_so_far)
-    next_request = F.last(F.when(is_request, F.col("seq")), True).over(after)
-    answered = next_response("seq").isNotNull() & (
-        next_request.isNull() | (next_response("seq") < next_request)
-    )
-    return f.select(
-        *KEY,
-        "seq",
-        "direction",
-        *_CARRIED,
-        "cid",
-        "expects",
-        latest_request("seq").alias("request_seq"),
-        latest_request("mono_ns").alias("request_mono_ns"),
-        latest_request("expects").alias("request_expects"),
-        F.when(
-            ~is_request & latest_request("seq").isNotNull(),
-            F.col("_responses") - F.last(F.when(is_request, F.col("_responses")), True).over(so_far),
-        ).alias("nth"),
-        F.when(is_request & answered, next_response("seq")).alias("answer_seq"),
-        F.when(is_request & answered, next_response("wall_ns")).alias("answer_wall_ns"),
-        F.when(is_request & answered, next_response("mono_ns")).alias("answer_mono_ns"),
-    )
+    return f.groupBy("_bucket").applyInArrow(match, PAIRS_SPARK_SCHEMA)
 
 
 def requests(pairs: DataFrame) -> DataFrame:
@@ -101,34 +88,13 @@ def requests(pairs: DataFrame) -> DataFrame:
 def responses(pairs: DataFrame) -> DataFrame:
     """Response rows of :func:`matched`: ``request_seq`` null for an orphan, ``nth`` > 1 for a duplicate."""
     return pairs.filter(F.col("direction") == "response").drop(
-        "direction", "expects", "answer_seq", "answer_wall_ns", "answer_mono_ns"
+        "direction", "expects", "answer_seq", "answer_wall_ns", "answer_mono_ns", *_REQUEST_ONLY
     )
 
 
 def overtaken(reqs: DataFrame) -> DataFrame:
-    """Requests with ``skipped``: it expected an answer and a later request's answer came
-    first (its own came later, or never). ``overtaken_*`` describe that first later answer."""
-    later = Window.partitionBy(*KEY).orderBy(F.col("seq").desc()).rowsBetween(Window.unboundedPreceding, -1)
-    answer = F.when(
-        F.col("answer_seq").isNotNull(),
-        F.struct(
-            F.col("answer_seq").alias("seq"),
-            F.col("answer_wall_ns").alias("wall_ns"),
-            F.col("cid").alias("cid"),
-            F.col("api_key").alias("api_key"),
-            F.col("client_correlation_id").alias("client_correlation_id"),
-        ),
-    )
-    first = F.min(answer).over(later)
-    out = reqs.withColumn("_first", first)
-    skipped = (
-        F.col("expects")
-        & F.col("_first").isNotNull()
-        & (F.col("answer_seq").isNull() | (F.col("answer_seq") > F.col("_first.seq")))
-    )
-    out = out.withColumn("skipped", skipped)
-    fields = ["seq", "wall_ns", "cid", "api_key", "client_correlation_id"]
-    return out.select(
-        *[c for c in out.columns if c != "_first"],
-        *[F.when(F.col("skipped"), F.col(f"_first.{f}")).alias(f"overtaken_{f}") for f in fields],
-    )
+    """Requests with ``skipped`` and ``overtaken_*`` (the first later answer, when skipped).
+
+    :func:`matched` computes them in its one pass over each connection; this keeps the
+    checks' reading order explicit."""
+    return reqs

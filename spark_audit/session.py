@@ -1,7 +1,8 @@
 """The SparkSession: reuse one that exists (tests, notebooks), else start one.
 
 ``--master`` wins, then spark-submit's master, then local mode on every core. Local mode
-gets settings that suit small machines: no UI, few shuffle partitions, a loopback driver,
+gets settings that suit small machines: no UI, few shuffle partitions, big Arrow batches to
+and from Python (fewer calls), uncompressed cached columns (less CPU), a loopback driver,
 quiet logs, and workers that run this very Python (they need pyarrow, kafka-python and
 these packages). Under spark-submit only the runtime ones apply, and never over its own.
 """
@@ -20,6 +21,9 @@ LOCAL_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",  # few, big batches to and from Python,
+    "spark.sql.execution.arrow.maxBytesPerBatch": str(64 << 20),  # but bounded: Fetch answers are large
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",  # cached reads live minutes: save the CPU
     "spark.log.level": "ERROR",  # the JVM's warnings would bury the progress line
 }
 ALWAYS_CONF = {

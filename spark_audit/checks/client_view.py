@@ -15,7 +15,7 @@ Kinds, one row each:
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ..pairs import KEY, matched, overtaken, requests, responses, side_frames
@@ -99,23 +99,20 @@ def unanswered(headers: DataFrame, pairs: DataFrame) -> DataFrame:
     )
 
 
-def id_order(headers: DataFrame) -> DataFrame:
-    """``id_not_increasing``: each client request id against the connection's previous one."""
-    reqs = side_frames(headers, "client").filter(
-        (F.col("direction") == "request") & F.col("client_correlation_id").isNotNull()
-    )
-    previous = F.lag("client_correlation_id").over(Window.partitionBy(*KEY).orderBy("seq"))
-    with_prev = reqs.withColumn("previous", previous)
-    drop = F.col("previous").cast("long") - F.col("client_correlation_id").cast("long")
-    bad = with_prev.filter(F.col("previous").isNotNull() & (drop >= 0) & (drop < WRAP_DROP))
+def id_order(pairs: DataFrame) -> DataFrame:
+    """``id_not_increasing``: each client request id against the connection's previous one
+    (``pairs`` from :func:`client_pairs`, which carry it)."""
+    reqs = requests(pairs)
+    drop = F.col("previous_request_cid").cast("long") - F.col("cid").cast("long")
+    bad = reqs.filter(F.col("previous_request_cid").isNotNull() & (drop >= 0) & (drop < WRAP_DROP))
     return _shape(
         bad,
         seq=F.col("seq"),
         wall_ns=F.col("wall_ns"),
         kind=F.lit("id_not_increasing"),
         api_key=F.col("api_key"),
-        correlation_id=F.col("client_correlation_id"),
-        related_correlation_id=F.col("previous"),
+        correlation_id=F.col("cid"),
+        related_correlation_id=F.col("previous_request_cid"),
         close_reason=F.lit(None).cast("string"),
     )
 
@@ -127,5 +124,5 @@ def client_view(headers: DataFrame, pairs: DataFrame | None = None) -> DataFrame
         order_violations(pairs)
         .unionByName(stray_answers(pairs))
         .unionByName(unanswered(headers, pairs))
-        .unionByName(id_order(headers))
+        .unionByName(id_order(pairs))
     )
