@@ -180,31 +180,15 @@ class _GroupProgress:
 
 
 def _group_member(bootstrap: str, progress: _GroupProgress, deadline: float) -> None:
-    """One member of the soak's consumer group; runs until told to stop or the deadline."""
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "client.id": "corrfix-soak-group",
-            "group.id": GROUP,
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": workload.GROUP_SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": 1_000,
-            "fetch.wait.max.ms": 100,
-            "socket.timeout.ms": 10_000,
-        }
-    )
+    """One member of the soak's consumer group (committing as it goes); runs until told to
+    stop or the deadline."""
+    consumer = workload.group_consumer_confluent(bootstrap, GROUP, config={"enable.auto.commit": True})
     try:
         consumer.subscribe([PLAIN_TOPIC, IDEMPOTENT_TOPIC])
         while not progress.stop.is_set() and time.monotonic() < deadline:
-            got = []
-            for msg in consumer.consume(num_messages=1000, timeout=0.2):
-                error = msg.error()
-                if error is None:
-                    got.append(msg.value())
-                elif error.fatal():
-                    progress.fail(str(error))
-                    return
-            progress.add(got)
+            progress.add(workload.group_values_confluent(consumer, 1000))
+    except confluent_kafka.KafkaException as exc:
+        progress.fail(str(exc))
     finally:
         consumer.close()
 

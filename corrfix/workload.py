@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import socket
 import struct
@@ -444,20 +445,76 @@ def consume_group(
     call with the same group resumes where the first one stopped. The commit is synchronous
     and only covers what was returned. Returns early with fewer values at ``timeout``.
     """
+    deadline = time.monotonic() + timeout
+    consumer: Any
     if client == "confluent":
-        return _consume_group_confluent(bootstrap, topic, group, limit, timeout, session_timeout_ms, config)
-    return _consume_group_kafka_python(bootstrap, topic, group, limit, timeout, session_timeout_ms, config)
+        consumer = group_consumer_confluent(bootstrap, group, session_timeout_ms, config)
+
+        def poll(most: int) -> list[bytes]:
+            return group_values_confluent(consumer, most)
+
+        def commit() -> None:
+            consumer.commit(asynchronous=False)
+
+        close = consumer.close
+    else:
+        consumer = _group_consumer_kafka_python(bootstrap, group, session_timeout_ms, config)
+
+        def poll(most: int) -> list[bytes]:
+            batches = consumer.poll(timeout_ms=200, max_records=most)
+            return [r.value for records in batches.values() for r in records]
+
+        commit = consumer.commit
+        close = functools.partial(consumer.close, autocommit=False)
+    values: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        while len(values) < limit and time.monotonic() < deadline:
+            values.extend(poll(limit - len(values)))
+        if values:
+            commit()
+        return values
+    finally:
+        close()
 
 
-def _consume_group_kafka_python(
+def group_consumer_confluent(
     bootstrap: str,
-    topic: str,
     group: str,
-    limit: int,
-    timeout: float,
-    session_timeout_ms: int,
-    config: Mapping[str, Any] | None,
-) -> list[bytes]:
+    session_timeout_ms: int = GROUP_SESSION_TIMEOUT_MS,
+    config: Mapping[str, Any] | None = None,
+) -> confluent_kafka.Consumer:
+    """A confluent-kafka group member that starts at the earliest offset when nothing is committed."""
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": "corrfix-tests-group",
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(session_timeout_ms // 6, 100),
+        "fetch.wait.max.ms": 100,  # Tansu's long poll does not wake early when data arrives
+        "socket.timeout.ms": 10_000,
+    }
+    settings.update(config or {})
+    return confluent_kafka.Consumer(settings)
+
+
+def group_values_confluent(consumer: confluent_kafka.Consumer, most: int, wait: float = 0.2) -> list[bytes]:
+    """Up to ``most`` values from one poll; a fatal error raises, others are skipped."""
+    values = []
+    for msg in consumer.consume(num_messages=most, timeout=wait):
+        error = msg.error()
+        if error is None:
+            values.append(msg.value())
+        elif error.fatal():
+            raise confluent_kafka.KafkaException(error)
+    return values
+
+
+def _group_consumer_kafka_python(
+    bootstrap: str, group: str, session_timeout_ms: int, config: Mapping[str, Any] | None
+) -> kafka.KafkaConsumer:
     settings: dict[str, Any] = {
         "bootstrap_servers": bootstrap,
         "client_id": "corrfix-tests-group",
@@ -470,58 +527,7 @@ def _consume_group_kafka_python(
         "request_timeout_ms": 10_000,
     }
     settings.update(config or {})
-    deadline = time.monotonic() + timeout
-    consumer = kafka.KafkaConsumer(**settings)
-    values: list[bytes] = []
-    try:
-        consumer.subscribe([topic])
-        while len(values) < limit and time.monotonic() < deadline:
-            batches = consumer.poll(timeout_ms=200, max_records=limit - len(values))
-            values.extend(r.value for records in batches.values() for r in records)
-        if values:
-            consumer.commit()
-        return values
-    finally:
-        consumer.close(autocommit=False)
-
-
-def _consume_group_confluent(
-    bootstrap: str,
-    topic: str,
-    group: str,
-    limit: int,
-    timeout: float,
-    session_timeout_ms: int,
-    config: Mapping[str, Any] | None,
-) -> list[bytes]:
-    settings: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "client.id": "corrfix-tests-group",
-        "group.id": group,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": session_timeout_ms,
-        "heartbeat.interval.ms": max(session_timeout_ms // 6, 100),
-        "fetch.wait.max.ms": 100,
-        "socket.timeout.ms": 10_000,
-    }
-    settings.update(config or {})
-    deadline = time.monotonic() + timeout
-    consumer = confluent_kafka.Consumer(settings)
-    values: list[bytes] = []
-    try:
-        consumer.subscribe([topic])
-        while len(values) < limit and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=limit - len(values), timeout=0.2):
-                if msg.error() is None:
-                    values.append(msg.value())
-                elif msg.error().fatal():
-                    raise confluent_kafka.KafkaException(msg.error())
-        if values:
-            consumer.commit(asynchronous=False)
-        return values
-    finally:
-        consumer.close()
+    return kafka.KafkaConsumer(**settings)
 
 
 # -- shared ----------------------------------------------------------------------------------
