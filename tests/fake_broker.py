@@ -94,3 +94,18 @@ class FakeBroker:
 def answers(frames: list[bytearray]) -> list[tuple[int, int]]:
     """(client correlation id, token) of each echoed answer."""
     return [(int.from_bytes(f[4:8], "big", signed=True), int.from_bytes(f[-8:], "big")) for f in frames]
+
+
+async def read_frames(stream: trio.abc.Stream, count: int) -> list[bytearray]:
+    """Up to ``count`` frames; fewer if the proxy closes (or resets) the connection first."""
+    decoder = FrameDecoder()
+    frames: list[bytearray] = []
+    while len(frames) < count:
+        try:
+            data = await stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            break
+        if not data:
+            break
+        frames.extend(decoder.feed(data))
+    return frames

@@ -36,7 +36,7 @@ from corrfix.repair import RepairConfig
 from protocol import FrameDecoder, parse_request_header
 from protocol.framing import frame
 from tests.corrfix.repair_model import request_frame
-from tests.fake_broker import API_VERSIONS, answers, api_versions_answer, echo_answer
+from tests.fake_broker import API_VERSIONS, answers, api_versions_answer, echo_answer, read_frames
 
 # Answers from the echo broker are not real Kafka bodies: use an api key corrfix never decodes.
 LIST_OFFSETS = 2
@@ -147,21 +147,6 @@ class ScriptedBroker:
 
 
 # -- clients -------------------------------------------------------------------------------
-
-
-async def read_frames(stream: trio.abc.Stream, count: int) -> list[bytearray]:
-    """Up to ``count`` frames; fewer if the proxy closes (or resets) the connection first."""
-    decoder = FrameDecoder()
-    frames: list[bytearray] = []
-    while len(frames) < count:
-        try:
-            data = await stream.receive_some(65536)
-        except trio.BrokenResourceError:
-            break
-        if not data:
-            break
-        frames.extend(decoder.feed(data))
-    return frames
 
 
 class Bystander:

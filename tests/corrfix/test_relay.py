@@ -12,7 +12,7 @@ from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from protocol import FrameDecoder
 from tests.corrfix.repair_model import PRODUCE, request_frame
-from tests.fake_broker import FakeBroker, answers, echo_answer
+from tests.fake_broker import FakeBroker, answers, echo_answer, read_frames
 
 # Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
 # corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
@@ -32,17 +32,6 @@ async def start_proxy(
 async def start_pair(nursery: trio.Nursery, broker: FakeBroker, repair: RepairConfig = FAST_REPAIR):
     broker_port = await nursery.start(broker.serve)
     return await start_proxy(nursery, broker_port, repair)
-
-
-async def read_frames(stream: trio.SocketStream, count: int) -> list[bytearray]:
-    decoder = FrameDecoder()
-    frames: list[bytearray] = []
-    while len(frames) < count:
-        data = await stream.receive_some(65536)
-        if not data:
-            break
-        frames.extend(decoder.feed(data))
-    return frames
 
 
 async def test_relays_in_order_with_client_ids_restored():

@@ -25,7 +25,7 @@ from corrfix.tls import TlsConfig, TlsError, tls_config_from_args
 from protocol import FrameDecoder, ProtocolError
 from tests.corrfix.repair_model import request_frame
 from tests.corrfix.test_relay import FAST_REPAIR, LIST_OFFSETS
-from tests.fake_broker import FakeBroker, answers
+from tests.fake_broker import FakeBroker, answers, read_frames
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -143,17 +143,6 @@ async def open_tls(port: int, context: ssl.SSLContext) -> trio.SSLStream:
     stream = await trio.open_ssl_over_tcp_stream(LOOPBACK, port, ssl_context=context)
     await stream.do_handshake()
     return stream
-
-
-async def read_frames(stream: trio.abc.Stream, count: int) -> list[bytearray]:
-    decoder = FrameDecoder()
-    frames: list[bytearray] = []
-    while len(frames) < count:
-        data = await stream.receive_some(65536)
-        if not data:
-            break
-        frames.extend(decoder.feed(data))
-    return frames
 
 
 async def round_trip(stream: trio.abc.Stream, n: int = 20) -> list[tuple[int, int]]:

@@ -3,6 +3,7 @@ with kafka-python, DataFrames with the exact capture and fact schemas."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -46,29 +47,8 @@ def row(
     return base
 
 
-def req(
-    connection: str,
-    seq: int,
-    side: str,
-    api_key: int,
-    cid: int | None = None,
-    uid: int | None = None,
-    **values: Any,
-) -> dict[str, Any]:
-    return row(
-        connection,
-        seq,
-        side=side,
-        direction="request",
-        api_key=api_key,
-        api_version=values.pop("api_version", 1),
-        client_correlation_id=cid,
-        upstream_correlation_id=uid,
-        **values,
-    )
-
-
-def resp(
+def frame_row(
+    direction: str,
     connection: str,
     seq: int,
     side: str,
@@ -77,17 +57,22 @@ def resp(
     uid: int | None = None,
     **values: Any,
 ) -> dict[str, Any]:
+    """A frame row; api_version defaults to 1."""
     return row(
         connection,
         seq,
         side=side,
-        direction="response",
+        direction=direction,
         api_key=api_key,
         api_version=values.pop("api_version", 1),
         client_correlation_id=cid,
         upstream_correlation_id=uid,
         **values,
     )
+
+
+req = functools.partial(frame_row, "request")
+resp = functools.partial(frame_row, "response")
 
 
 def repair(

@@ -10,8 +10,7 @@ from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from tests.corrfix.capture.watch import Watch
 from tests.corrfix.repair_model import request_frame
-from tests.corrfix.test_relay import read_frames
-from tests.fake_broker import FakeBroker, answers
+from tests.fake_broker import FakeBroker, answers, read_frames
 
 # The echo broker's answers are no real Kafka bodies: use an api whose answers are never rewritten.
 LIST_OFFSETS = 2
