@@ -18,24 +18,29 @@ CORRELATION_OFFSET = SIZE_PREFIX + 4
 """Where the request correlation id sits in a frame (after size, api key and version)."""
 
 
+def produce_request(records: bytes, client_id: str = "bench") -> bytes:
+    """A framed Produce v7 (acks=1) request to partition 0 of topic ``bench``."""
+    request = ProduceRequest[PRODUCE_VERSION](
+        transactional_id=None,
+        acks=1,
+        timeout_ms=30_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="bench",
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+                ],
+            )
+        ],
+    )
+    return encode_request(request, correlation_id=0, client_id=client_id)
+
+
 def produce_frame(size: int, client_id: str = "bench") -> bytes:
     """A framed Produce v7 (acks=1) request of exactly ``size`` bytes, size prefix included."""
 
     def build(records: int) -> bytes:
-        request = ProduceRequest[PRODUCE_VERSION](
-            transactional_id=None,
-            acks=1,
-            timeout_ms=30_000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name="bench",
-                    partition_data=[
-                        ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=b"x" * records)
-                    ],
-                )
-            ],
-        )
-        return encode_request(request, correlation_id=0, client_id=client_id)
+        return produce_request(b"x" * records, client_id)
 
     overhead = len(build(0))
     if size < overhead:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from frames import PRODUCE_VERSION as VERSION
+from frames import produce_request
+from kafka.protocol.producer import ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from corrfix.capture.writer import CaptureWriter
 from corrfix.observer import Direction, Side
-from protocol.encoding import encode_request, encode_response
+from protocol.encoding import encode_response
 
-VERSION = 7
 OFFSET_SENTINEL = 0x0123456789ABCDEF
 BATCH = 16
 """Requests relayed per receive, as a pipelining client produces them."""
@@ -31,23 +32,7 @@ def _templates() -> tuple[bytes, bytes, int]:
     builder.append(timestamp=1_700_000_000_000, key=None, value=b"v" * 40, headers=[])
     builder.close()
     records = builder.buffer()
-    request = encode_request(
-        ProduceRequest[VERSION](
-            transactional_id=None,
-            acks=1,
-            timeout_ms=30_000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name="bench",
-                    partition_data=[
-                        ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
-                    ],
-                )
-            ],
-        ),
-        correlation_id=0,
-        client_id="bench-producer",
-    )
+    request = produce_request(records, client_id="bench-producer")
     R = ProduceResponse
     response = encode_response(
         R[VERSION](
