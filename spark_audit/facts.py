@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from .decode import DECODED_KEYS, decode
+from .decode import DECODED_KEYS, PRODUCE, decode
+from .produce_vector import decode_requests, decode_responses
 
 FACT_SCHEMA = pa.schema(
     [
@@ -92,12 +95,61 @@ def broker_frames(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) ->
     return chosen.select(*_FRAME_PLACE, cid.alias("correlation_id"), "frame", "frame_length")
 
 
-def _decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _fact_batch(place: pa.RecordBatch, fact: str, columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    """Facts of one kind: ``place`` gives the frame columns, ``columns`` some of the rest."""
+    n = place.num_rows
+    arrays = []
+    for field in FACT_SCHEMA:
+        if field.name == "fact":
+            arrays.append(pa.array([fact] * n, pa.string()))
+        elif field.name in columns:
+            arrays.append(columns[field.name])
+        elif field.name in place.schema.names:
+            arrays.append(place.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=FACT_SCHEMA)
+
+
+def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarray]:
+    """Facts of the batch's Produce frames of the common shape (:mod:`.produce_vector`), and
+    which rows those were; the other rows are decoded one by one."""
+    taken = np.zeros(batch.num_rows, dtype=bool)
+    out: list[pa.RecordBatch] = []
+    produce = pc.fill_null(pc.equal(batch.column("api_key"), PRODUCE), False)
+    for direction in ("request", "response"):
+        chosen = pc.and_(produce, pc.fill_null(pc.equal(batch.column("direction"), direction), False))
+        index = np.flatnonzero(chosen.to_numpy(zero_copy_only=False))
+        if len(index) == 0:
+            continue
+        frames = batch.take(pa.array(index))
+        decode_shape = decode_requests if direction == "request" else decode_responses
+        done = decode_shape(frames)
+        if len(done.rows) == 0:
+            continue
+        taken[index[done.rows]] = True
+        place = frames.select(_PLACE).take(pa.array(done.rows))
+        if direction == "request":
+            out.append(_fact_batch(place, "produce_batch", done.columns))
+            continue
+        out.append(_fact_batch(place, "produce_ack", done.columns))
+        failed = pc.not_equal(done.columns["error_code"], 0)
+        if pc.any(failed).as_py():
+            errors = {k: done.columns[k].filter(failed) for k in ("topic", "partition", "error_code")}
+            out.append(_fact_batch(place.filter(failed), "error", errors))
+    return out, taken
+
+
+def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Facts of every frame in ``batches`` (the mapInArrow function of :func:`decode_facts`)."""
     for batch in batches:
+        vectorised, taken = _vector_facts(batch)
+        yield from vectorised
+        rest = batch.filter(pa.array(~taken)) if taken.any() else batch
         rows: list[dict] = []
-        places = batch.select(_PLACE).to_pylist()  # one conversion per batch, not per value
-        lengths = batch.column("frame_length").to_pylist()
-        for place, frame, length in zip(places, batch.column("frame").to_pylist(), lengths, strict=True):
+        places = rest.select(_PLACE).to_pylist()  # one conversion per batch, not per value
+        lengths = rest.column("frame_length").to_pylist()
+        for place, frame, length in zip(places, rest.column("frame").to_pylist(), lengths, strict=True):
             if frame is None or place["api_key"] is None:
                 continue
             facts = decode(
@@ -110,4 +162,4 @@ def _decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
 
 def decode_facts(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) -> DataFrame:
     """Facts of every broker-side frame of ``api_keys`` (decoded in the executors)."""
-    return broker_frames(frames, api_keys).mapInArrow(_decode_batches, FACT_SPARK_SCHEMA)
+    return broker_frames(frames, api_keys).mapInArrow(decode_batches, FACT_SPARK_SCHEMA)
