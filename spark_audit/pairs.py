@@ -55,9 +55,9 @@ def side_frames(headers: DataFrame, side: str) -> DataFrame:
 
 
 def matched(frames: DataFrame, id_column: str) -> DataFrame:
-    """Every frame with an id, with its partners (:data:`~.pair_arrow.PAIRS_SCHEMA`):
-    ``request_*`` and ``nth`` on responses; ``answer_*``, ``expects`` (False only for acks=0
-    Produce), ``skipped`` and ``overtaken_*`` on requests.
+    """Every request with an id, and every stray answer, with their partners
+    (:data:`~.pair_arrow.PAIRS_SCHEMA`): ``request_*`` and ``nth`` on responses; ``answer_*``,
+    ``expects`` (False only for acks=0 Produce), ``skipped`` and ``overtaken_*`` on requests.
 
     One shuffle: acks are read and the frame bytes dropped first, then whole connections
     (hashed into :data:`BUCKETS` groups, so Python is called per bucket, not per
@@ -86,7 +86,8 @@ def requests(pairs: DataFrame) -> DataFrame:
 
 
 def responses(pairs: DataFrame) -> DataFrame:
-    """Response rows of :func:`matched`: ``request_seq`` null for an orphan, ``nth`` > 1 for a duplicate."""
+    """Stray answers of :func:`matched`: ``request_seq`` null for an orphan, ``nth`` > 1 for a
+    duplicate, ``request_expects`` false for a reply to acks=0 Produce."""
     return pairs.filter(F.col("direction") == "response").drop(
         "direction", "expects", "answer_seq", "answer_wall_ns", "answer_mono_ns", *_REQUEST_ONLY
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..pairs import KEY, responses
+from ..pairs import KEY, requests
 from ..windows import window_start
 
 ACCURACY = 10_000
@@ -21,14 +21,12 @@ ACCURACY = 10_000
 
 def latencies(pairs: DataFrame) -> DataFrame:
     """One row per answered request: its time, api key, id and latency in milliseconds."""
-    first = responses(pairs).filter(
-        (F.col("nth") == 1) & F.col("request_expects") & F.col("request_seq").isNotNull()
-    )
-    latency_ns = F.col("mono_ns") - F.col("request_mono_ns")
-    return first.select(
+    answered = requests(pairs).filter(F.col("expects") & F.col("answer_seq").isNotNull())
+    latency_ns = F.col("answer_mono_ns") - F.col("mono_ns")
+    return answered.select(
         *KEY,
-        F.col("request_seq").alias("seq"),
-        (F.col("wall_ns") - latency_ns).alias("wall_ns"),
+        "seq",
+        (F.col("answer_wall_ns") - latency_ns).alias("wall_ns"),
         "api_key",
         F.col("cid").alias("correlation_id"),
         (latency_ns / 1e6).alias("latency_ms"),
