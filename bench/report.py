@@ -223,12 +223,13 @@ def markdown(results: dict[str, Any]) -> str:
                     f"- corrfix audit: {a['frames']:,} frames in {a['seconds']} s (Spark session start, "
                     f"{a['session_start_s']} s, excluded): {a['frames_per_s']:,} frames/s"
                 )
-            if "floor_rows_per_s" in a:
-                out.append(
-                    f"- floor: one read of the same capture's header columns through the same Data Source, "
-                    f"summed and nothing else, in the same session: {a['floor_seconds']} s, "
-                    f"{a['floor_rows_per_s']:,} rows/s; the audit runs at {audit['audit_vs_floor']:.1%} of it"
-                )
+                if "floor_rows_per_s" in a:
+                    out.append(
+                        f"- floor: one read of the same capture's header columns through the same Data "
+                        f"Source, summed and nothing else, in the same session: {a['floor_seconds']} s, "
+                        f"{a['floor_rows_per_s']:,} rows/s; the audit runs at "
+                        f"{audit['audit_vs_floor']:.1%} of it"
+                    )
             else:
                 out.append(
                     f"- corrfix audit: not finished with {a['frames']:,} frames within "

@@ -122,7 +122,7 @@ def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarr
         index = np.flatnonzero(chosen.to_numpy(zero_copy_only=False))
         if len(index) == 0:
             continue
-        frames = batch.take(pa.array(index))
+        frames = batch.select([*_PLACE, "frame", "frame_length"]).take(pa.array(index))
         decode_shape = decode_requests if direction == "request" else decode_responses
         done = decode_shape(frames)
         if len(done.rows) == 0:

@@ -9,7 +9,8 @@ of the batch at once from the Arrow array's own buffers.
 
 A frame is taken here only if it has exactly that shape and its lengths add up to the
 frame's end: versions 3 to 12, no transactional id, no record errors or error message,
-no tagged fields, names under 127 bytes, the frame not cut. Anything else is left to
+no tagged fields, the frame not cut, and in flexible versions (9 and up) one-byte
+compact lengths (topic names under 127 bytes) and records under 2 MiB. Anything else is left to
 :func:`spark_audit.decode.decode`, which gives the same facts, one frame at a time.
 """
 
@@ -89,7 +90,7 @@ class _Frames:
         return value
 
     def varint(self, pos: np.ndarray, where: np.ndarray | bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """An unsigned varint of up to 3 bytes (records up to 2 MiB), and its width."""
+        """An unsigned varint of up to 3 bytes (flexible records under 2 MiB), and its width."""
         value = np.zeros(len(pos), np.int64)
         width = np.zeros(len(pos), np.int64)
         going = self.ok & where
@@ -185,6 +186,7 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     f.require(f.signed(f.start + 4, 2) == PRODUCE)  # the frame's own header agrees with its row
     f.require(f.signed(f.start + 6, 2) == version)
     client_id = f.signed(f.start + 12, 2)
+    f.require(client_id >= -1)  # -1 is a null client id; below that the header is malformed
     pos = _no_tags(f, f.start + 14 + np.maximum(client_id, 0), flexible)
     pos = _null_string(f, pos, flexible)  # transactional id
     acks = f.signed(pos, 2)

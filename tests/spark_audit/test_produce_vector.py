@@ -25,10 +25,12 @@ batches = st.builds(
     n=st.integers(1, 3),
     producer_id=st.sampled_from([-1, 0, 2**40]),
     base_sequence=st.integers(0, 2**31 - 1),
-    value=st.sampled_from([b"v", b"w" * 300]),
+    value=st.one_of(st.binary(min_size=1, max_size=8), st.just(b"w" * 300)),  # CRCs on both sides of 2^31
 )
 request_partitions = st.lists(st.tuples(st.integers(0, 2**31 - 1), st.lists(batches, max_size=2)), max_size=2)
-request_topics = st.lists(st.tuples(names, request_partitions), max_size=2)
+common_topic = st.tuples(names, st.integers(0, 2**31 - 1), batches).map(lambda t: [(t[0], [(t[1], [t[2]])])])
+"""One topic, one partition, one batch: the shape the vectorised decode takes."""
+request_topics = st.one_of(common_topic, st.lists(st.tuples(names, request_partitions), max_size=2))
 
 
 def _request(
@@ -85,7 +87,7 @@ FILLER = produce_frame(1, version=7)
 @given(
     version=st.integers(0, REQUEST.max_version),
     acks=st.sampled_from([-1, 0, 1]),
-    transactional_id=st.one_of(st.none(), st.just("tx")),
+    transactional_id=st.sampled_from([None, None, "tx"]),
     client_id=st.one_of(st.none(), st.just(""), st.just("c" * 200)),
     topics=request_topics,
 )
@@ -100,24 +102,28 @@ def test_requests_read_as_the_scalar_decode_reads_them(version, acks, transactio
         assert {"fact": "produce_batch", "transactional_id": None, **got} == expected
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    version=st.integers(3, 12),
-    at=st.integers(0, 400),
-    value=st.integers(0, 255),
-    cut=st.booleans(),
-)
-def test_a_damaged_request_is_taken_only_if_the_scalar_decode_agrees(version, at, value, cut):
-    frame = bytearray(produce_frame(3, version=version, batch=records(2, producer_id=5, base_sequence=9)))
+def _damage(frame: bytes, at: int, value: int, cut: bool) -> tuple[bytes, int]:
+    """The frame with one byte changed, or cut short (then its length says more than it holds)."""
     if cut:
-        frame = frame[: at % len(frame)]
-    else:
-        frame[at % len(frame)] = value
-    length = len(frame) if not cut else len(frame) + 1
-    got = _taken(decode_requests(_batch([bytes(frame)], [version], [length])), 0)
+        return frame[: at % len(frame)], len(frame)
+    damaged = bytearray(frame)
+    damaged[at % len(frame)] = value
+    return bytes(damaged), len(frame)
+
+
+damage = {"at": st.integers(0, 400), "value": st.integers(0, 255), "cut": st.booleans()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(version=st.integers(3, 12), client_id=st.sampled_from([None, "client"]), **damage)
+def test_a_damaged_request_is_taken_only_if_the_scalar_decode_agrees(version, client_id, at, value, cut):
+    batch = records(2, producer_id=5, base_sequence=9)
+    whole = produce_frame(3, version=version, batch=batch, client_id=client_id)
+    frame, length = _damage(whole, at, value, cut)
+    got = _taken(decode_requests(_batch([frame], [version], [length])), 0)
     if got is not None:
         assert [{"fact": "produce_batch", "transactional_id": None, **got}] == decode(
-            0, version, "request", bytes(frame), length
+            0, version, "request", frame, length
         )
 
 
@@ -186,6 +192,41 @@ def test_answers_read_as_the_scalar_decode_reads_them(version, topics):
         expected = decode(0, version, "response", frame, len(frame))
         assert expected[0] == {"fact": "produce_ack", **got}
         assert [f["fact"] for f in expected[1:]] == (["error"] if got["error_code"] else [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(version=st.integers(3, 12), **damage)
+def test_a_damaged_answer_is_taken_only_if_the_scalar_decode_agrees(version, at, value, cut):
+    frame, length = _damage(_response(version, [("topic", [(4, 6, 2**40, [], None)])]), at, value, cut)
+    got = _taken(decode_responses(_batch([frame], [version], [length])), 0)
+    if got is not None:
+        assert {"fact": "produce_ack", **got} == decode(0, version, "response", frame, length)[0]
+
+
+def test_a_sliced_batch_with_nulls_reads_like_the_whole_one():
+    frame = produce_frame(4, version=9, batch=records(1, producer_id=3, base_sequence=1))
+    frames = pa.array([FILLER, None, frame, FILLER], pa.binary())
+    lengths = pa.array([len(FILLER), None, len(frame), len(FILLER)], pa.int32())
+    whole = pa.RecordBatch.from_pydict(
+        {"frame": frames, "frame_length": lengths, "api_version": pa.array([7, 7, 9, 7], pa.int16())}
+    )
+    decoded = decode_requests(whole.slice(1))
+    assert list(decoded.rows) == [1, 2]
+    assert decoded.columns["producer_id"].to_pylist() == [3, -1]
+
+
+def test_a_topic_name_that_is_not_utf8_is_left_to_the_scalar_decode():
+    frame = produce_frame(5, version=7, topic="ab")
+    at = frame.index(b"\x00\x02ab") + 2
+    broken = frame[:at] + b"\xff\xfe" + frame[at + 2 :]
+    decoded = decode_requests(_batch([FILLER, broken, FILLER], [7, 7, 7]))
+    assert list(decoded.rows) == [0, 2]
+    assert decoded.columns["topic"].to_pylist() == ["t", "t"]
+
+
+def test_a_whole_frame_whose_row_says_it_was_longer_is_left_to_the_scalar_decode():
+    assert list(decode_requests(_batch([FILLER], [7], [len(FILLER) + 1])).rows) == []
+    assert list(decode_responses(_batch([produce_answer(1)], [9], [len(produce_answer(1)) - 1])).rows) == []
 
 
 def _scalar_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
