@@ -229,6 +229,34 @@ def test_a_whole_frame_whose_row_says_it_was_longer_is_left_to_the_scalar_decode
     assert list(decode_responses(_batch([produce_answer(1)], [9], [len(produce_answer(1)) - 1])).rows) == []
 
 
+def _resized(frame: bytes) -> bytes:
+    return (len(frame) - 4).to_bytes(4, "big") + frame[4:]
+
+
+def test_a_client_id_length_below_minus_one_is_left_to_the_scalar_decode():
+    frame = bytearray(produce_frame(6, version=9, client_id=None))
+    frame[12:14] = (-2).to_bytes(2, "big", signed=True)
+    assert list(decode_requests(_batch([bytes(frame)], [9])).rows) == []
+    assert [f["fact"] for f in decode(0, 9, "request", bytes(frame), len(frame))] == ["undecodable"]
+
+
+def test_header_tagged_fields_are_left_to_the_scalar_decode():
+    frame = produce_frame(7, version=9, client_id="c")
+    at = 12 + 2 + 1  # the header's tagged fields, after the one-byte client id
+    assert frame[at] == 0
+    tagged = _resized(frame[:at] + bytes([1, 0, 1, 0]) + frame[at + 1 :])  # one tag: 0, one byte
+    assert [f["fact"] for f in decode(0, 9, "request", tagged, len(tagged))] == ["produce_batch"]
+    assert list(decode_requests(_batch([tagged], [9])).rows) == []
+
+
+def test_bytes_after_the_body_are_left_to_the_scalar_decode():
+    for version in (7, 9):
+        request = _resized(produce_frame(8, version=version) + b"\x00\x00")
+        answer = _resized(_response(version, [("t", [(0, 0, 1, [], None)])]) + b"\x00\x00")
+        assert list(decode_requests(_batch([request], [version])).rows) == []
+        assert list(decode_responses(_batch([answer], [version])).rows) == []
+
+
 def _scalar_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     rows = []
     for place in batch.to_pylist():
