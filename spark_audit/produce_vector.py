@@ -177,6 +177,16 @@ def _topics(f: _Frames, start: np.ndarray, size: np.ndarray) -> pa.Array:
     return pc.if_else(pc.equal(names, ""), pa.nulls(len(names), pa.string()), names)
 
 
+def _taken(
+    f: _Frames, name_at: np.ndarray, name_size: np.ndarray, **values: tuple[np.ndarray, pa.DataType]
+) -> Decoded:
+    """The frames still of the common shape: their topic, and each of ``values`` (per frame,
+    with its Arrow type) at those frames."""
+    topic = _topics(f, name_at, name_size)
+    rows = np.flatnonzero(f.ok)
+    return Decoded(rows, {"topic": topic, **{name: pa.array(v[rows], t) for name, (v, t) in values.items()}})
+
+
 def decode_requests(frames: pa.RecordBatch) -> Decoded:
     """``produce_batch`` facts of the Produce requests in ``frames`` (columns ``frame``,
     ``frame_length``, ``api_version``) that have the common shape."""
@@ -208,20 +218,17 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     epoch = f.signed(batch + 51, 2)
     base_sequence = f.signed(batch + 53, 4)
     record_count = f.signed(batch + 57, 4)
-    topic = _topics(f, name_at, name_size)
-    rows = np.flatnonzero(f.ok)
-    return Decoded(
-        rows,
-        {
-            "topic": topic,
-            "partition": pa.array(partition[rows], pa.int32()),
-            "acks": pa.array(acks[rows], pa.int16()),
-            "crc": pa.array(crc[rows], pa.int64()),
-            "producer_id": pa.array(producer_id[rows], pa.int64()),
-            "producer_epoch": pa.array(epoch[rows], pa.int16()),
-            "base_sequence": pa.array(base_sequence[rows], pa.int32()),
-            "record_count": pa.array(record_count[rows], pa.int32()),
-        },
+    return _taken(
+        f,
+        name_at,
+        name_size,
+        partition=(partition, pa.int32()),
+        acks=(acks, pa.int16()),
+        crc=(crc, pa.int64()),
+        producer_id=(producer_id, pa.int64()),
+        producer_epoch=(epoch, pa.int16()),
+        base_sequence=(base_sequence, pa.int32()),
+        record_count=(record_count, pa.int32()),
     )
 
 
@@ -248,14 +255,11 @@ def decode_responses(frames: pa.RecordBatch) -> Decoded:
     pos = _no_tags(f, _no_tags(f, pos, flexible), flexible) + 4  # partition, topic tags; throttle time
     pos = _no_tags(f, pos, flexible)
     f.require(pos == f.end)
-    topic = _topics(f, name_at, name_size)
-    rows = np.flatnonzero(f.ok)
-    return Decoded(
-        rows,
-        {
-            "topic": topic,
-            "partition": pa.array(partition[rows], pa.int32()),
-            "error_code": pa.array(error_code[rows], pa.int16()),
-            "offset": pa.array(base_offset[rows], pa.int64()),
-        },
+    return _taken(
+        f,
+        name_at,
+        name_size,
+        partition=(partition, pa.int32()),
+        error_code=(error_code, pa.int16()),
+        offset=(base_offset, pa.int64()),
     )
