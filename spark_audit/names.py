@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import cache
-from itertools import chain
 
 import kafka.errors
 from pyspark.sql import Column
@@ -24,8 +23,9 @@ def error_name(code: int) -> str:
 
 def api_name_column(api_key: Column) -> Column:
     """The api's name (``Produce``), ``api_N`` for unknown keys, ``?`` for null."""
-    names = {key: schema.name for key, schema in api_schemas().items()}
-    mapping = F.create_map(*chain.from_iterable((F.lit(k), F.lit(v)) for k, v in sorted(names.items())))
+    names = sorted((key, schema.name) for key, schema in api_schemas().items())
+    # Two array literals, not a literal per key: each literal is a call into the JVM.
+    mapping = F.map_from_arrays(F.lit([k for k, _ in names]), F.lit([v for _, v in names]))
     return F.coalesce(
         F.element_at(mapping, api_key.cast("int")),
         F.when(api_key.isNotNull(), F.concat(F.lit("api_"), api_key.cast("string"))),
