@@ -57,6 +57,10 @@ SASL_AUTHENTICATE_KEY = 36
 # Until authentication completes, Kafka's SASL authenticator accepts only the next SASL
 # request and fails the connection on anything else, so a probe must wait.
 SASL_KEYS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+PREAMBLE_KEYS = SASL_KEYS | {API_VERSIONS_KEY}
+"""What a connection may send before it authenticates. Until it sends anything else, a
+probe could be the second ApiVersions a SASL broker sees before SaslHandshake, which it
+refuses (Kafka's SaslServerAuthenticator closes the connection)."""
 # Raw-token round trips after a SaslHandshake v0, by mechanism. A mechanism not listed
 # (GSSAPI, anything custom) has no fixed count: the connection then stays a plain relay.
 SASL_V0_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
@@ -206,6 +210,8 @@ class RepairMachine:
         self._raw_owed = 0
         # SaslHandshake / SaslAuthenticate requests not yet answered to the client.
         self._sasl_pending = 0
+        # No request outside PREAMBLE_KEYS sent yet: no probes.
+        self._preamble = True
         self.closed: str | None = None
 
     # -- state the shell reads ---------------------------------------------------------
@@ -254,6 +260,8 @@ class RepairMachine:
             header = parse_request_header(frame)
             if self._metrics is not None:
                 self._metrics.request(header.api_key)
+            if header.api_key not in PREAMBLE_KEYS:
+                self._preamble = False
             if self._local_answer is not None and self._answer_locally(frame, header, now):
                 continue
             upstream_id = self._allocate_id()
@@ -513,8 +521,8 @@ class RepairMachine:
 
     def _probe_due(self) -> float | None:
         order = self._send_order
-        if self.raw_mode or self._sasl_pending:
-            return None  # a probe now would land inside the SASL exchange
+        if self.raw_mode or self._sasl_pending or self._preamble:
+            return None  # a probe now could land before or inside a SASL exchange
         if not order or self._probes_outstanding >= self.config.max_probes_outstanding:
             return None
         head = order[0]

@@ -159,6 +159,16 @@ def test_probe_finds_a_lost_answer_with_one_request_in_flight():
     assert [int.from_bytes(f[4:8], "big") for f in delivered] == [9]
 
 
+def test_no_probe_before_the_first_request_past_the_sasl_preamble():
+    """A SASL broker takes one ApiVersions before SaslHandshake; a probe would be a second."""
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(18, 1, 0)], 0.0)
+    assert machine.next_deadline() == pytest.approx(CONFIG.request_deadline)  # only the give-up
+    assert machine.tick(10 * CONFIG.probe_after).to_upstream == []
+    machine.client_frames([request_frame(METADATA, 2, 1)], 11 * CONFIG.probe_after)
+    assert machine.next_deadline() < CONFIG.request_deadline  # a probe is due again
+
+
 def test_probe_timeout_adapts_to_observed_latency():
     machine = RepairMachine(CONFIG)
     now = 0.0
