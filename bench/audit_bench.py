@@ -12,7 +12,8 @@
    run at a few thousand frames a second here, so 5 M frames would take the best part of
    an hour; its rate is per frame, so the ratio still compares like with like.
 5. In the audit's session, after it: the floor, one summed read of the capture's header
-   columns through the same Data Source (:mod:`audit_job`).
+   columns through the same Data Source (:mod:`audit_job`), and Spark's own ceilings on
+   this machine, which run no corrfix code (:mod:`spark_ceiling`).
 """
 
 from __future__ import annotations
@@ -168,12 +169,17 @@ def run_audit_bench(
             "session_start_s": round(result["session_start_s"], 1),
             "floor_seconds": round(result["floor_seconds"], 2),
             "floor_rows_per_s": round(result["floor_rows"] / result["floor_seconds"]),
+            "ceilings_rows_per_s": {
+                name: round(rate) for name, rate in result.get("ceilings_rows_per_s", {}).items()
+            },
             "findings": result.get("findings"),
         }
         log(f"  audit: {frames:,} frames in {result['seconds']:.1f} s ({audit_rate:,.0f} frames/s)")
         floor_rate = report["audit"]["floor_rows_per_s"]
         report["audit_vs_floor"] = round(audit_rate / floor_rate, 3)
         log(f"  floor: one summed read of the header columns, {floor_rate:,} rows/s")
+        for name, rate in report["audit"]["ceilings_rows_per_s"].items():
+            log(f"  Spark ceiling, {name}: {rate:,} rows/s")
         if "tshark" in report:
             report["audit_vs_tshark"] = round(audit_rate / report["tshark"]["frames_per_s"], 1)
         return report

@@ -9,7 +9,8 @@ available (import or start failed).
 
 Then, in the same session, the *floor*: one read of the capture's header columns through
 the same Data Source, summed and nothing else. No audit through this Data Source can beat
-it, so the audit's rate is also given as a fraction of it.
+it, so the audit's rate is also given as a fraction of it. Last, Spark's own *ceilings*
+(:mod:`spark_ceiling`), which run no corrfix code at all.
 
     python bench/audit_job.py CAPTURE_DIR
 """
@@ -19,9 +20,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
-FLOOR_COLUMNS = ["connection_id", "seq", "kind", "side", "direction", "wall_ns", "api_key"]
-"""The header columns every header check reads."""
+import spark_ceiling
+
+FLOOR_COLUMNS = spark_ceiling.HEADER_COLUMNS
 
 
 def _warm_python_data_sources(spark: object) -> None:
@@ -86,6 +89,7 @@ def main() -> int:
         begin = time.monotonic()
         rows = _floor(spark, path)
         floor_s = time.monotonic() - begin
+        ceilings = spark_ceiling.measure(spark, Path(path))
     finally:
         spark.stop()
     print(
@@ -94,6 +98,7 @@ def main() -> int:
                 "seconds": elapsed,
                 "floor_seconds": floor_s,
                 "floor_rows": rows,
+                "ceilings_rows_per_s": ceilings,
                 "session_start_s": session_s,
                 "report_elapsed_s": report.get("elapsed_s"),
                 "findings": report.get("summary", {}).get("by_severity"),

@@ -10,6 +10,24 @@ from typing import Any
 CORRFIX_VARIANTS = ("corrfix", "corrfix-w2")
 
 
+CEILING_WORDS = {
+    "read": "a Python Data Source yielding the header columns from memory, summed",
+    "shuffle_sort": "the same rows through one window over each connection in seq order",
+    "python_pass": "the same rows through an identity mapInArrow",
+}
+"""What each of Spark's ceilings measures (bench/spark_ceiling.py)."""
+
+
+def _ceiling_lines(ceilings: dict[str, int]) -> list[str]:
+    """The audit section's lines on Spark's own ceilings, which run no corrfix code."""
+    if not ceilings:
+        return []
+    lines = ["- Spark's own ceilings in the same session, no corrfix code, 1 M frames/s is the goal:"]
+    for name, rate in ceilings.items():
+        lines.append(f"  - {CEILING_WORDS.get(name, name)}: {rate:,} rows/s")
+    return lines
+
+
 def _case(relay: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     for case in (relay or {}).get("cases", []):
         if case["case"] == key:
@@ -230,6 +248,7 @@ def markdown(results: dict[str, Any]) -> str:
                         f"{a['floor_rows_per_s']:,} rows/s; the audit runs at "
                         f"{audit['audit_vs_floor']:.1%} of it"
                     )
+                out.extend(_ceiling_lines(a.get("ceilings_rows_per_s", {})))
             else:
                 out.append(
                     f"- corrfix audit: not finished with {a['frames']:,} frames within "
