@@ -50,7 +50,10 @@ def load_average() -> list[float]:
 
 def describe() -> dict[str, object]:
     mem_kib = _first("/proc/meminfo", "MemTotal")
-    commit = _command_line(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"])
+    here = str(Path(__file__).parent)
+    commit = _command_line(["git", "-C", here, "rev-parse", "--short", "HEAD"])
+    if commit and _command_line(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"]):
+        commit += "-dirty"  # the run measured code that is not in that commit
     return {
         "cpu": _first("/proc/cpuinfo", "model name") or platform.processor(),
         "cores": os.cpu_count(),
