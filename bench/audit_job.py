@@ -1,10 +1,10 @@
 """Time one ``corrfix audit`` run inside an already started Spark session (JVM start excluded).
 
 Run as its own process by :mod:`audit_bench`; prints one JSON object. The session is
-started and warmed first, with a trivial job and one read of a trivial Python Data Source
-(three rows, nothing of corrfix's): Spark's first use of Python Data Sources in a session
-costs about 10 s here whatever the source, which is start-up like the JVM's. Then
-spark_audit's ``run_audit`` is timed on the capture. Exit status 3 means the audit is not
+started and warmed first, with a trivial job and one read of a two-row Python Data Source
+that runs no corrfix code (:func:`spark_ceiling.warm_up`): Spark's first use of Python
+Data Sources in a session costs about 10 s here whatever the source, which is start-up
+like the JVM's. Then spark_audit's ``run_audit`` is timed on the capture. Exit status 3 means the audit is not
 available (import or start failed).
 
 Then, in the same session, the *floor*: one read of the capture's header columns through
@@ -27,30 +27,6 @@ from pathlib import Path
 import spark_ceiling
 
 FLOOR_COLUMNS = spark_ceiling.HEADER_COLUMNS
-
-
-def _warm_python_data_sources(spark: object) -> None:
-    """Read a three-row Python Data Source once: Spark's own first-use cost, not the audit's."""
-    import pyarrow as pa
-    from pyspark.sql.datasource import DataSource, DataSourceReader
-
-    class Rows(DataSourceReader):
-        def read(self, partition: object) -> object:
-            yield pa.RecordBatch.from_pydict({"x": [1, 2, 3]})
-
-    class Warm(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "bench-warm-up"
-
-        def schema(self) -> str:
-            return "x long"
-
-        def reader(self, schema: object) -> DataSourceReader:
-            return Rows()
-
-    spark.dataSource.register(Warm)
-    spark.read.format("bench-warm-up").load().count()
 
 
 def _floor(spark: object, path: str) -> int:
@@ -81,7 +57,7 @@ def main() -> int:
     try:
         spark, _ = get_session("local[2]", {"spark.driver.memory": "3g"})
         spark.range(1000).count()  # the JVM's first job
-        _warm_python_data_sources(spark)
+        spark_ceiling.warm_up(spark, Path(path))
     except Exception as exc:  # pyspark raises its own error types when the JVM cannot start
         print(json.dumps({"error": f"Spark did not start: {exc}"}))
         return 3

@@ -119,16 +119,30 @@ def best_rate(run: Callable[[], object], rows: int) -> float:
     return rows / best
 
 
+def _register(spark: SparkSession, capture: Path, rows: int) -> StructType:
+    """Register the synthetic source for ``rows`` rows; its schema."""
+    from spark_audit.schema import arrow_schema, spark_schema
+
+    struct = spark_schema(HEADER_COLUMNS)
+    spark.dataSource.register(_repeating_source(sample_batch(capture, arrow_schema(struct)), struct, rows))
+    return struct
+
+
+def warm_up(spark: SparkSession, capture: Path) -> None:
+    """Read the synthetic source once, a row per partition: Spark's first use of any Python
+    Data Source in a session costs about 10 s here, whatever the source, which is start-up
+    like the JVM's and not the audit's."""
+    _register(spark, capture, PARTITIONS)
+    spark.read.format(SOURCE_NAME).load().count()
+
+
 def measure(spark: SparkSession, capture: Path, rows: int = ROWS) -> dict[str, float]:
     """Rows per second of each ceiling, in ``spark`` (already warmed), on rows shaped like
     the header columns of ``capture``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from spark_audit.schema import arrow_schema, spark_schema
-
-    struct = spark_schema(HEADER_COLUMNS)
-    spark.dataSource.register(_repeating_source(sample_batch(capture, arrow_schema(struct)), struct, rows))
+    struct = _register(spark, capture, rows)
     read_rows = rows // PARTITIONS * PARTITIONS
 
     def frames() -> DataFrame:

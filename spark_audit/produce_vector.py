@@ -24,13 +24,13 @@ import pyarrow.compute as pc
 
 from protocol import request_class, response_class
 
-PRODUCE = 0
+from .decode import PRODUCE
+from .produce_walk import BATCH_HEADER, FIRST_FLEXIBLE
+
 FIRST_VERSION = 3
 """Older Produce has no transactional id (and v0-v1 answers no throttle time): rare, scalar."""
 LAST_VERSION = 12
 """v13 names topics by id: scalar."""
-FIRST_FLEXIBLE = 9
-BATCH_HEADER = 61
 MAX_SHORT_VARINT = 0x7F
 
 
