@@ -1,11 +1,15 @@
 """The trio shell around :class:`~corrfix.repair.RepairMachine`: it only moves bytes and timers.
 
-Per client connection there is one upstream connection and five small tasks: a reader and
-a writer for each side, and a timer that wakes the machine at its next deadline. Readers
-feed whole frames to the machine; its actions are appended to the writers' buffers, so
-many small frames leave in one send. Backpressure is the readers pausing: the client
-reader while the machine is at its memory bounds or the upstream buffer is full, the
-upstream reader while the client buffer is full.
+Per client connection there is one upstream connection and six small tasks: a reader and
+a writer for each side, a timer that wakes the machine at its next deadline, and a watcher
+of idle connections and stalled request frames. Readers feed whole frames to the machine;
+its actions are appended to the writers' buffers, so many small frames leave in one send.
+Backpressure is the readers pausing: the client reader while the machine is at its memory
+bounds or the upstream buffer is full, the upstream reader while the client buffer is full.
+
+A client leaving is a request to finish: every request read is sent, the broker's side is
+half-closed after the last one, and the broker is read until it closes (docs/repair.md,
+"Closing").
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ CONNECT_BACKOFF = 0.1
 """First pause between upstream connect attempts; it doubles each time."""
 FLUSH_TIMEOUT = 10.0
 """How long a closing connection may spend delivering what it still owes the client."""
+DISCARD_LIMIT = 1024 * 1024
+"""Bytes a closing connection reads and discards from a client after its own end of stream,
+so that closing the socket sends a FIN, not a RST that could destroy answers in flight."""
 log = structlog.get_logger("corrfix.proxy")
 
 _LOUD_EVENTS = {
@@ -60,6 +67,10 @@ _LOUD_EVENTS = {
     RepairKind.POSSIBLE_DUPLICATE,
     RepairKind.GIVE_UP,
 }
+
+
+class ListenError(OSError):
+    """A listen address cannot be bound (in use, not local, not permitted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,9 @@ class ProxyConfig:
     """Client connections beyond this are closed at once, with a log line."""
     frame_timeout: float = 30.0
     """Close a client whose request frame stays incomplete this long (slowloris, a stall)."""
+    close_linger: float = 5.0
+    """After a client leaves, the proxy sends the broker everything it read and half-closes;
+    this is how long it then waits for the broker to close its side before closing anyway."""
     idle_timeout: float = 600.0
     """Close a connection with nothing outstanding and no bytes either way for this long
     (Kafka brokers' connections.max.idle.ms is 10 minutes)."""
@@ -98,6 +112,8 @@ class ProxyStats:
     connections_opened: int = 0
     connections_active: int = 0
     repairs: Counter[str] = field(default_factory=Counter)
+    answering_upstreams: set[Address] = field(default_factory=set)
+    """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
@@ -115,7 +131,7 @@ class _Outbox:
     while nothing is queued or being sent.
     """
 
-    __slots__ = ("_buffer", "_changed", "_error", "_fd", "_sending", "eof")
+    __slots__ = ("_buffer", "_changed", "_dropping", "_error", "_fd", "_sending", "eof")
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -123,6 +139,7 @@ class _Outbox:
         self._changed = trio.lowlevel.ParkingLot()
         self._fd = -1
         self._error: OSError | None = None
+        self._dropping = False
         self.eof = False
 
     def attach(self, stream: trio.abc.Stream) -> None:
@@ -138,7 +155,16 @@ class _Outbox:
     def pending(self) -> int:
         return len(self._buffer) + self._sending
 
+    def abandon(self) -> None:
+        """The peer is gone: drop what is queued and everything written from now on."""
+        self._dropping = True
+        self._fd = -1
+        self._buffer = bytearray()
+        self._changed.unpark_all()
+
     def write(self, frames: list[bytearray]) -> None:
+        if self._dropping:
+            return
         if self._fd >= 0 and not self._buffer and not self._sending and not self.eof and self._error is None:
             frames = self._send_now(frames)
             if not frames:
@@ -283,8 +309,12 @@ class ProxyConnection:
         self.repairs: Counter[str] = Counter()
         self._state_changed = trio.lowlevel.ParkingLot()
         self._timer_scope = trio.CancelScope()
-        self._client_eof = False
+        self._client_eof = False  # the client ended its stream: finish, then close
+        self._client_gone = False  # the client cannot be written to (or must not be)
         self._draining = False
+        self._upstream_closing = False  # everything read was queued for the broker, then its EOF
+        self._upstream_reader_scope = trio.CancelScope()
+        self._client_reader_done = trio.Event()
         self._last_activity = 0.0
         self._partial_since: float | None = None
         self._partial_started = trio.Event()
@@ -319,8 +349,8 @@ class ProxyConnection:
                 self._nursery = nursery
                 nursery.start_soon(self._read_client)
                 nursery.start_soon(self._read_upstream, upstream)
-                nursery.start_soon(self._write, self.to_upstream, upstream, "upstream")
-                nursery.start_soon(self._write, self.to_client, self.client, "client")
+                nursery.start_soon(self._write_upstream, upstream)
+                nursery.start_soon(self._write_client)
                 nursery.start_soon(self._run_timer)
                 nursery.start_soon(self._watch_idle)
                 if self._draining:
@@ -363,7 +393,7 @@ class ProxyConnection:
                 await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
         return None
 
-    # -- the five tasks ----------------------------------------------------------------
+    # -- the tasks: a reader and a writer per side, the machine's timer, the idle watcher --
 
     async def _read_client(self) -> None:
         decoder = FrameDecoder(self.config.max_frame_size, peer=self._client_peer)
@@ -374,9 +404,11 @@ class ProxyConnection:
         except ProtocolError as exc:
             plaintext = not self._client_spoke and not isinstance(self.client, trio.SSLStream)
             tls_hello = tls_on_plaintext(exc, "client") if plaintext else None
-            self._abort(tls_hello or f"bad request from client: {exc}", warning=True)
+            self._client_lost(tls_hello or f"bad request from client: {exc}", warning=True)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._abort(f"client connection lost: {exc or type(exc).__name__}")
+            self._client_lost(f"client connection lost: {exc or type(exc).__name__}")
+        finally:
+            self._client_reader_done.set()
 
     async def _relay_requests(self, decoder: FrameDecoder, limit: int) -> None:
         machine = self.machine
@@ -417,6 +449,15 @@ class ProxyConnection:
                 self._apply(machine.client_frames(frames, now))
 
     async def _read_upstream(self, upstream: trio.abc.Stream) -> None:
+        scope = self._upstream_reader_scope
+        with scope:
+            await self._relay_answers(upstream)
+        if scope.cancelled_caught:
+            self.log.info("broker kept its side open after the proxy's end of stream", linger=scope.deadline)
+            self._apply(self.machine.upstream_closed())
+            self._finish("broker did not close")
+
+    async def _relay_answers(self, upstream: trio.abc.Stream) -> None:
         decoder = FrameDecoder(self.config.max_frame_size, peer=str(self.upstream))
         machine = self.machine
         limit = self.config.max_send_buffer
@@ -436,7 +477,9 @@ class ProxyConnection:
                     return
                 frames = decoder.feed(data)
                 if frames:
-                    self._upstream_spoke = True
+                    if not self._upstream_spoke:
+                        self._upstream_spoke = True
+                        self.stats.answering_upstreams.add(self.upstream)
                     if self.observer is not None:
                         self.observer.frames(self.conn_id, Side.UPSTREAM, Direction.RESPONSE, frames)
                     self._apply(machine.upstream_frames(frames, now))
@@ -449,20 +492,48 @@ class ProxyConnection:
             self._apply(machine.upstream_closed())
             self.log.info("upstream connection lost", error=str(exc) or type(exc).__name__)
 
-    async def _write(self, outbox: _Outbox, stream: trio.abc.Stream, side: str) -> None:
+    async def _write_upstream(self, upstream: trio.abc.Stream) -> None:
         try:
-            await outbox.run(stream)
-            if side == "upstream":
-                # TLS cannot half-close (close_notify ends both directions): a TLS upstream is
-                # closed with the connection, once every outstanding answer has arrived.
-                if not isinstance(stream, trio.SSLStream):
-                    await stream.send_eof()
+            await self.to_upstream.run(upstream)
+            if isinstance(upstream, trio.SSLStream):
+                # TLS cannot half-close (close_notify ends both directions): everything owed
+                # has arrived, or nobody is left to deliver it to, so the connection is done.
+                self._finish(self._close_reason or "client closed")
                 return
+            # The broker sees its end of stream after the last request, takes every request
+            # before it, and closes its side: the upstream reader then ends the connection.
+            await upstream.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._abort(f"{side} connection lost while sending: {exc or type(exc).__name__}")
+            self._abort(f"upstream connection lost while sending: {exc or type(exc).__name__}")
+
+    async def _write_client(self) -> None:
+        client = self.client
+        try:
+            await self.to_client.run(client)
+            if not self._client_eof and not self._client_gone and not isinstance(client, trio.SSLStream):
+                await self._client_reader_done.wait()
+                await self._discard_client_input(client)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._client_lost(f"client connection lost while sending: {exc or type(exc).__name__}")
             return
         # Everything owed to the client was sent: the connection is done.
         self._nursery.cancel_scope.cancel()
+
+    async def _discard_client_input(self, client: trio.SocketStream) -> None:
+        """End the client's stream and read until it ends its own, bounded in time and bytes.
+
+        Closing a socket that holds unread bytes makes the kernel send a RST, and a RST can
+        destroy answers the client has not read yet.
+        """
+        await client.send_eof()
+        discarded = 0
+        with trio.move_on_after(self.config.close_linger):
+            while discarded <= DISCARD_LIMIT:
+                data = await client.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return
+                discarded += len(data)
+        self.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
 
     async def _run_timer(self) -> None:
         while True:
@@ -475,8 +546,14 @@ class ProxyConnection:
     # -- helpers -----------------------------------------------------------------------
 
     def _hint_tls_upstream(self, upstream: trio.abc.Stream) -> None:
-        """A broker closing before any answer may be a TLS listener: OpenSSL closes without an alert."""
-        if not self._upstream_spoke and self.machine.outstanding and not isinstance(upstream, trio.SSLStream):
+        """A broker closing before any answer may be a TLS listener (OpenSSL closes without an
+        alert), but only if no connection to it was ever answered: one that rejects a request
+        by closing is answering plaintext all the same."""
+        if self._upstream_spoke or not self.machine.outstanding:
+            return
+        if isinstance(upstream, trio.SSLStream) or self.upstream in self.stats.answering_upstreams:
+            self.log.warning("upstream closed before answering anything on this connection")
+        else:
             self.log.warning("upstream closed before answering anything", hint=SILENT_UPSTREAM_HINT)
 
     def _next_deadline(self) -> float:
@@ -497,7 +574,7 @@ class ProxyConnection:
         if actions.close is not None:
             self._finish(actions.close)
         elif self.machine.outstanding == 0 and (self._client_eof or self._draining):
-            self._finish("client closed" if self._client_eof else "proxy draining")
+            self._close_upstream("client closed" if self._client_eof else "proxy draining")
         deadline = self._next_deadline()
         if deadline != self._timer_scope.deadline:  # re-arming a trio deadline is not free
             self._timer_scope.deadline = deadline
@@ -552,7 +629,7 @@ class ProxyConnection:
             now = trio.current_time()
             partial = self._partial_since
             if partial is not None and now >= partial + frame_timeout:
-                self._abort(f"request frame incomplete for {frame_timeout:g}s", warning=True)
+                self._client_lost(f"request frame incomplete for {frame_timeout:g}s", warning=True)
                 return
             idle_at = max(self._last_activity + idle, busy_until)
             if now >= idle_at:
@@ -574,22 +651,56 @@ class ProxyConnection:
             return  # still connecting: run() drains as soon as it starts
         self._client_reader_scope.cancel()
         if self.machine.outstanding == 0:
-            self._finish("proxy draining")
+            self._close_upstream("proxy draining")
 
     def _on_client_eof(self, decoder: FrameDecoder) -> None:
+        """The client's end of stream asks to finish, not to abort (see docs/repair.md)."""
         if decoder.buffered:
             self.log.warning("client closed mid-frame", buffered=decoder.buffered)
         self._client_eof = True
-        self.to_upstream.finish()
         if self.machine.outstanding == 0:
-            self._finish("client closed")
+            self._close_upstream("client closed")
+
+    def _client_lost(self, reason: str, *, warning: bool = False) -> None:
+        """The client is gone or unusable: nothing more is read from it or delivered to it,
+        but every request already read still reaches the broker before the broker side closes."""
+        if self._client_gone:
+            return
+        self._client_gone = True
+        if self._close_reason is None:
+            self._close_reason = reason
+        if warning:
+            self.log.warning("closing connection", reason=reason)
+        self._client_reader_scope.cancel()
+        self.to_client.abandon()
+        self._close_upstream(reason)
+
+    def _close_upstream(self, reason: str) -> None:
+        """Send the broker every request read, then end its stream; the connection ends when
+        the broker closes its side, or ``close_linger`` later.
+
+        Until then the broker socket keeps being read, so answers still owed are delivered
+        and stray ones dropped, and it is never closed with unread bytes: that would send a
+        RST, and a broker may discard the requests it has not processed yet.
+        """
+        if self._upstream_closing:
+            return
+        self._upstream_closing = True
+        if self._close_reason is None:
+            self._close_reason = reason
+        self.to_upstream.finish()
+        self._upstream_reader_scope.deadline = trio.current_time() + self.config.close_linger
 
     def _finish(self, reason: str) -> None:
         """Deliver what is queued for the client, then close both sides."""
         if self._close_reason is None:
             self._close_reason = reason
-        self.to_client.finish()
+        self._client_reader_scope.cancel()
         scope = self._nursery.cancel_scope
+        if self._client_gone:
+            scope.cancel()
+            return
+        self.to_client.finish()
         scope.deadline = min(scope.deadline, trio.current_time() + FLUSH_TIMEOUT)
 
     def _abort(self, reason: str, *, warning: bool = False) -> None:
@@ -652,10 +763,13 @@ class Proxy:
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, or until :meth:`drain` has let every connection finish."""
         listen = self.config.listen
-        if self.config.reuse_port:
-            listeners = [self._bound_listener(listen.host, listen.port)]
-        else:
-            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+        try:
+            if self.config.reuse_port:
+                listeners = [self._bound_listener(listen.host, listen.port)]
+            else:
+                listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
         self._ports.update(address.port for address in bound)
         log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))

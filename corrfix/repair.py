@@ -439,7 +439,17 @@ class RepairMachine:
             lost = order.popleft()
             del self._sent[lost.upstream_id]
             if isinstance(lost, _Probe):
+                # Counted too, so that every answer the link lost is accounted for; a probe
+                # is not re-sent (its only purpose was to overtake what it followed).
                 self._probes_outstanding -= 1
+                actions.events.append(
+                    RepairEvent(
+                        RepairKind.SKIP_DETECTED,
+                        api_key=API_VERSIONS_KEY,
+                        upstream_correlation_id=lost.upstream_id,
+                        reason=f"answer to corrfix's probe lost ({evidence})",
+                    )
+                )
                 continue
             skipped += 1
             actions.events.append(
@@ -523,6 +533,8 @@ class RepairMachine:
         order = self._send_order
         if self.raw_mode or self._sasl_pending or self._preamble:
             return None  # a probe now could land before or inside a SASL exchange
+        if not self._client_order:
+            return None  # nothing owed to the client: a probe could only find a probe's answer lost
         if not order or self._probes_outstanding >= self.config.max_probes_outstanding:
             return None
         head = order[0]

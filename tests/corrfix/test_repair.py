@@ -169,6 +169,33 @@ def test_no_probe_before_the_first_request_past_the_sasl_preamble():
     assert machine.next_deadline() < CONFIG.request_deadline  # a probe is due again
 
 
+def test_a_lost_probe_answer_is_counted_but_not_resent():
+    """Every answer the link loses is accounted for, the probe's own included."""
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(METADATA, 9, 1)], 0.0)
+    first_probe = machine.tick(CONFIG.probe_after).to_upstream[0]
+    first_probe_id = int.from_bytes(first_probe[8:12], "big")
+    second_probe = machine.tick(10 * CONFIG.probe_after).to_upstream[0]
+    second_probe_id = int.from_bytes(second_probe[8:12], "big")
+    # The request's and the first probe's answers were lost; the second probe's arrives.
+    actions = machine.upstream_frames([response_frame(second_probe_id, 0)], 10.01 * CONFIG.probe_after)
+    skips = [e for e in actions.events if e.kind == RepairKind.SKIP_DETECTED]
+    assert [(e.api_key, e.upstream_correlation_id) for e in skips] == [(METADATA, 0), (18, first_probe_id)]
+    assert len(actions.to_upstream) == 1  # only the request is re-sent
+
+
+def test_no_probe_while_nothing_is_owed_to_the_client():
+    """A probe outlived the slow answer it was sent for: probing again could only find the
+    probe's own answer lost, and after a client leaves it would follow the broker's EOF."""
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(METADATA, 9, 1)], 0.0)
+    assert len(machine.tick(CONFIG.probe_after).to_upstream) == 1
+    delivered = machine.upstream_frames([response_frame(0, 1)], CONFIG.probe_after + 0.001).to_client
+    assert len(delivered) == 1 and machine.outstanding == 0
+    assert machine.next_deadline() is None
+    assert machine.tick(100 * CONFIG.probe_after).to_upstream == []
+
+
 def test_probe_timeout_adapts_to_observed_latency():
     machine = RepairMachine(CONFIG)
     now = 0.0

@@ -450,6 +450,26 @@ async def test_tls_broker_without_upstream_tls_is_named(certs):
     assert len(openssl_broker.handshake_errors) == 1
 
 
+async def test_a_broker_that_answered_plaintext_gets_no_tls_hint_when_it_resets():
+    """Tansu resets a connection after a request it rejects (kcat's Produce v0): once a
+    broker has answered plaintext on any connection, its closes are not a TLS listener."""
+    calls = iter(["answer", "close"])
+    broker = FakeBroker(lambda _index, _api_key: next(calls))
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), None)
+            with trio.fail_after(10):
+                for cid in (1, 2):
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    await stream.send_all(request_frame(LIST_OFFSETS, cid, cid))
+                    got = await read_frames(stream, 1)
+                    assert len(got) == (1 if cid == 1 else 0)
+                    await stream.aclose()
+            nursery.cancel_scope.cancel()
+    assert events(logs, "upstream closed before answering anything") == []
+    assert len(events(logs, "upstream closed before answering anything on this connection")) == 1
+
+
 # -- configuration -----------------------------------------------------------------------------
 
 
