@@ -16,7 +16,7 @@ from .cluster import BrokerPorts
 from .config import ConfigError, defaults_from_toml
 from .logs import configure_logging
 from .metrics import ProxyMetrics
-from .relay import Address, Proxy, ProxyConfig
+from .relay import Address, ListenError, Proxy, ProxyConfig
 from .repair import RepairConfig
 from .tls import add_tls_arguments, tls_config_from_args
 
@@ -99,6 +99,15 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="what to do when the answer to a Produce without a producer id is lost: re-send it "
         "(at-least-once; logged as a possible duplicate) or disconnect the client (default requeue)",
     )
+    p.add_argument(
+        "--no-client-compat",
+        dest="client_compat",
+        action="store_false",
+        default=defaults.client_compat,
+        help="relay answers unchanged even to clients known to misread them; by default the "
+        "ApiVersions answer to librdkafka 1.4.0 to 2.1.1 (e.g. Debian 12's kcat) loses its optional "
+        "tagged fields, counted as client_compat (in --config: client-compat = false)",
+    )
     cluster = p.add_argument_group("keeping clients on the proxy")
     cluster.add_argument(
         "--advertised-host",
@@ -162,6 +171,15 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         f"(default {relay_defaults.frame_timeout:g})",
     )
     limits.add_argument(
+        "--close-linger",
+        type=float,
+        default=relay_defaults.close_linger,
+        metavar="SECONDS",
+        help="after a client leaves, every request it sent is passed on and the broker side "
+        "half-closed; wait this long for the broker to close before closing anyway "
+        f"(default {relay_defaults.close_linger:g})",
+    )
+    limits.add_argument(
         "--connect-retries",
         type=int,
         default=relay_defaults.connect_retries,
@@ -198,6 +216,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
             max_outstanding=args.max_outstanding,
             max_held_bytes=args.max_held_bytes,
             produce_policy=args.produce_policy,
+            client_compat=args.client_compat,
         ),
         max_frame_size=args.max_frame_size,
         connect_timeout=args.connect_timeout,
@@ -205,6 +224,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
         frame_timeout=args.frame_timeout,
+        close_linger=args.close_linger,
         reuse_port=args.reuse_port,
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,
@@ -242,11 +262,25 @@ def _run_proxy(args: argparse.Namespace) -> int:
     try:
         drain = functools.partial(proxy.drain, args.drain_timeout)
         trio.run(functools.partial(run_until_signalled, proxy.serve, drain=drain))
+    except ExceptionGroup as group:
+        cannot_listen, rest = group.split(ListenError)
+        if cannot_listen is None:
+            raise
+        if rest is not None:
+            raise rest from None
+        log.error("cannot start", error=str(_first_leaf(cannot_listen)))
+        return 2
     finally:
         if writer is not None:
             writer.close()
     log.info("proxy stopped", connections=proxy.stats.connections_opened, **dict(proxy.stats.repairs))
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception inside a (possibly nested) exception group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def run_until_signalled(

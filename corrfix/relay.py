@@ -165,12 +165,13 @@ class _Outbox:
     def write(self, frames: list[bytearray]) -> None:
         if self._dropping:
             return
+        rest: list[bytearray] | list[memoryview] = frames
         if self._fd >= 0 and not self._buffer and not self._sending and not self.eof and self._error is None:
-            frames = self._send_now(frames)
-            if not frames:
+            rest = self._send_now(frames)
+            if not rest:
                 return
         buffer = self._buffer
-        for frame in frames:
+        for frame in rest:
             buffer += frame
         self._changed.unpark_all()
 
@@ -291,7 +292,8 @@ class ProxyConnection:
         router: ClusterRouter | None = None,
         metrics: ProxyMetrics | None = None,
     ) -> None:
-        self.client = client
+        self._socket = client
+        self.client: trio.abc.Stream = client  # the TLS stream over it, once accepted
         self.upstream = upstream or config.upstream
         self.conn_id = conn_id
         self.observer = observer
@@ -318,7 +320,8 @@ class ProxyConnection:
         self._last_activity = 0.0
         self._partial_since: float | None = None
         self._partial_started = trio.Event()
-        self._nursery: trio.Nursery | None = None
+        self._nursery: trio.Nursery | None = None  # None until both sides are connected
+        self._relay_scope = trio.CancelScope()  # the connection's tasks: cancelled to close it
         self._client_reader_scope = trio.CancelScope()
         self._close_reason: str | None = None
         self._client_spoke = False  # after a whole request, a bad size is no TLS ClientHello
@@ -329,9 +332,9 @@ class ProxyConnection:
 
     async def run(self) -> None:
         # The client's TLS handshake comes first: a client that fails it costs no upstream connection.
-        client = await accept_client(self.client, self.config.tls, self.config.connect_timeout, self.log)
+        client = await accept_client(self._socket, self.config.tls, self.config.connect_timeout, self.log)
         if client is None:
-            await trio.aclose_forcefully(self.client)
+            await trio.aclose_forcefully(self._socket)
             return
         self.client = client
         upstream = await self._connect_upstream()
@@ -345,16 +348,17 @@ class ProxyConnection:
         self.to_client.attach(self.client)
         self.to_upstream.attach(upstream)
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._read_client)
-                nursery.start_soon(self._read_upstream, upstream)
-                nursery.start_soon(self._write_upstream, upstream)
-                nursery.start_soon(self._write_client)
-                nursery.start_soon(self._run_timer)
-                nursery.start_soon(self._watch_idle)
-                if self._draining:
-                    self.drain()
+            with self._relay_scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._read_client)
+                    nursery.start_soon(self._read_upstream, upstream)
+                    nursery.start_soon(self._write_upstream, upstream)
+                    nursery.start_soon(self._write_client)
+                    nursery.start_soon(self._run_timer)
+                    nursery.start_soon(self._watch_idle)
+                    if self._draining:
+                        self.drain()
         finally:
             # Also when the proxy itself is stopping and this connection is cancelled.
             self.to_client.detach()
@@ -502,6 +506,7 @@ class ProxyConnection:
                 return
             # The broker sees its end of stream after the last request, takes every request
             # before it, and closes its side: the upstream reader then ends the connection.
+            assert isinstance(upstream, trio.abc.HalfCloseableStream)
             await upstream.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._abort(f"upstream connection lost while sending: {exc or type(exc).__name__}")
@@ -510,14 +515,14 @@ class ProxyConnection:
         client = self.client
         try:
             await self.to_client.run(client)
-            if not self._client_eof and not self._client_gone and not isinstance(client, trio.SSLStream):
+            if not self._client_eof and not self._client_gone and isinstance(client, trio.SocketStream):
                 await self._client_reader_done.wait()
                 await self._discard_client_input(client)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._client_lost(f"client connection lost while sending: {exc or type(exc).__name__}")
             return
         # Everything owed to the client was sent: the connection is done.
-        self._nursery.cancel_scope.cancel()
+        self._relay_scope.cancel()
 
     async def _discard_client_input(self, client: trio.SocketStream) -> None:
         """End the client's stream and read until it ends its own, bounded in time and bytes.
@@ -696,7 +701,7 @@ class ProxyConnection:
         if self._close_reason is None:
             self._close_reason = reason
         self._client_reader_scope.cancel()
-        scope = self._nursery.cancel_scope
+        scope = self._relay_scope
         if self._client_gone:
             scope.cancel()
             return
@@ -709,12 +714,14 @@ class ProxyConnection:
             self._close_reason = reason
         if warning:
             self.log.warning("closing connection", reason=reason)
-        self._nursery.cancel_scope.cancel()
+        self._relay_scope.cancel()
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
     while isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
+    if not isinstance(stream, trio.SocketStream):
+        return "unknown"
     try:
         host, port, *_ = stream.socket.getpeername()
     except (OSError, ValueError):

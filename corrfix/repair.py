@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 from protocol import (
+    ProtocolError,
     RequestHeader,
     api_name,
     fetch_max_wait_ms,
@@ -31,6 +32,7 @@ from protocol import (
     response_correlation_id,
     sasl_mechanism,
 )
+from protocol.api_versions import client_software, mis_skips_tagged_fields, strip_tagged_fields
 from protocol.headers import MIN_RESPONSE_FRAME
 from protocol.requests import FETCH_KEY, PRODUCE_KEY
 
@@ -82,6 +84,8 @@ class RepairKind(StrEnum):
     PROBE_FOUND_LOSS = "probe_found_loss"
     POSSIBLE_DUPLICATE = "possible_duplicate"
     GIVE_UP = "give_up"
+    CLIENT_COMPAT = "client_compat"
+    """An answer rewritten for a client known to misread it (librdkafka before 2.2.0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,8 @@ class RepairConfig:
     max_held_bytes: int = 64 * 1024 * 1024
     produce_policy: ProducePolicy = "requeue"
     max_probes_outstanding: int = 4
+    client_compat: bool = True
+    """Rewrite answers that a client is known to misread (docs/repair.md, client compatibility)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,8 @@ class RepairMachine:
         self._sasl_pending = 0
         # No request outside PREAMBLE_KEYS sent yet: no probes.
         self._preamble = True
+        # The client software (KIP-511) when it misreads ApiVersions' tagged fields.
+        self._compat_client: str | None = None
         self.closed: str | None = None
 
     # -- state the shell reads ---------------------------------------------------------
@@ -262,6 +270,8 @@ class RepairMachine:
                 self._metrics.request(header.api_key)
             if header.api_key not in PREAMBLE_KEYS:
                 self._preamble = False
+            elif header.api_key == API_VERSIONS_KEY and self.config.client_compat:
+                self._identify_client(frame, header)
             if self._local_answer is not None and self._answer_locally(frame, header, now):
                 continue
             upstream_id = self._allocate_id()
@@ -345,6 +355,37 @@ class RepairMachine:
         mechanism = sasl_mechanism(request.frame, request.header)
         self._raw_rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
 
+    def _identify_client(self, frame: bytearray, header: RequestHeader) -> None:
+        """Remember a client that misreads tagged fields, from its ApiVersions v3+ request."""
+        try:
+            software = client_software(frame, header)
+        except ProtocolError:
+            return  # the broker judges the request; compatibility is best effort
+        if software is not None and mis_skips_tagged_fields(software):
+            self._compat_client = str(software)
+
+    def _compat_answer(self, entry: _Request, frame: bytearray, actions: Actions) -> bytearray:
+        """The ApiVersions answer without the tagged fields this client would misread."""
+        try:
+            stripped = strip_tagged_fields(frame, entry.api_version)
+        except ProtocolError:
+            return frame  # unreadable here too: relayed as the broker sent it
+        if stripped is None:
+            return frame
+        answer, dropped = stripped
+        actions.events.append(
+            RepairEvent(
+                RepairKind.CLIENT_COMPAT,
+                api_key=API_VERSIONS_KEY,
+                client_correlation_id=entry.client_correlation_id,
+                upstream_correlation_id=entry.upstream_id,
+                attempt=entry.attempts,
+                reason=f"dropped ApiVersions tagged fields {', '.join(dropped)} for {self._compat_client}, "
+                "which misreads them (librdkafka before 2.2.0)",
+            )
+        )
+        return bytearray(answer)
+
     def _answer_locally(self, frame: bytearray, header: RequestHeader, now: float) -> bool:
         """Queue the proxy's own answer in the client's order, if it has one for this request."""
         assert self._local_answer is not None
@@ -425,6 +466,8 @@ class RepairMachine:
         if self._transform is not None:
             rewritten = self._transform(entry.api_key, entry.api_version, frame)
             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+        if self._compat_client is not None and entry.api_key == API_VERSIONS_KEY:
+            frame = self._compat_answer(entry, frame, actions)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         if entry is self._sasl_handshake:
             self._after_sasl_handshake(entry, frame)

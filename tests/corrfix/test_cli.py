@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -63,6 +64,21 @@ def test_bad_address_is_a_usage_error():
 
 
 @pytest.mark.broker
+def test_a_listen_port_in_use_is_one_line_and_a_failing_exit():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "corrfix", "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", "h:1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert len(output) == 1, output
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in output[0]
+
+
 def test_proxy_process_relays_serves_metrics_and_stops_cleanly_on_sigterm(tansu_factory, tmp_path):
     port, metrics_port = free_port(), free_port()
     broker = tansu_factory(advertised_port=port)

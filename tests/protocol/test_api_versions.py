@@ -11,14 +11,22 @@ from hypothesis import strategies as st
 from kafka.protocol.schemas import BaseField, load_json
 
 from protocol.api_versions import (
+    LIBRDKAFKA_TAG_SKIP_FIXED,
     UNSUPPORTED_VERSION,
+    ClientSoftware,
     cap_api_versions,
+    client_software,
     decodable_max_versions,
+    librdkafka_version,
+    mis_skips_tagged_fields,
+    strip_tagged_fields,
     unsupported_api_versions_response,
 )
+from protocol.encoding import encode_request
 from protocol.errors import ProtocolError
+from protocol.headers import parse_request_header
 from protocol.rewrite import UndecodableVersionError
-from protocol.schemas import response_class
+from protocol.schemas import request_class, response_class
 
 from .message_strategies import messages
 
@@ -189,3 +197,249 @@ def test_truncated_answers_raise_protocol_error(case, cut):
     short = (len(short) - 4).to_bytes(4, "big") + short[4:]
     with pytest.raises(ProtocolError):
         cap_api_versions(short, version, {})
+
+
+# -- client compatibility: librdkafka before 2.2.0 and tagged fields ---------------------------
+
+# Tansu's answer to an ApiVersions v3 request (correlation id 7), captured from the broker the
+# tests run: 36 APIs, then all four optional tagged fields, at their default values.
+TANSU_V3_ANSWER = bytes.fromhex(
+    "0000011b00000007000025002a0000000200002400000002000012000000040000010000001100001100000001000016"
+    "0000000500000a000000060000180000000500000b00000009000015000000020000030000000c0000000000000b0000"
+    "450000000000000d0000000500000f00000005000009000000090000470000000000001c0000000400001e0000000300"
+    "0033000000000000320000000000001a00000004000008000000090000100000000500000c0000000400001900000004"
+    "00002e0000000000002c0000000100001d0000000300000e0000000500003c0000000100001400000006000013000000"
+    "0700004b0000000000000200000009000020000000040000000000040001010108ffffffffffffffff020101030100"
+)
+TANSU_TAGS = ["SupportedFeatures", "FinalizedFeaturesEpoch", "FinalizedFeatures", "ZkMigrationReady"]
+# What Debian 12's kcat 1.7.1 sends first (size prefix added): ApiVersions v3, client id
+# "rdkafka", client software "librdkafka" "2.0.2" (KIP-511: librdkafka's version string).
+KCAT_REQUEST = bytes.fromhex(
+    "00000024" + "0012000300000001000772646b61666b61000b6c696272646b61666b6106322e302e3200"
+)
+# confluent-kafka-python 2.16.1 on its bundled librdkafka 2.16.0.
+CONFLUENT_REQUEST = bytes.fromhex(
+    "0000003e0012000300000001000772646b61666b610017636f6e666c75656e742d6b61666b612d707974686f6e16322e"
+    "31362e312d72646b61666b612d322e31362e3000"
+)
+REQUEST_CLS = request_class(API_VERSIONS)
+FLEXIBLE_VERSIONS = range(3, CLS.max_version + 1)
+
+
+class ReadUnderflow(Exception):
+    """librdkafka's ``rd_kafka_buf_parse_fail``: "Protocol read buffer underflow"."""
+
+
+def librdkafka_reads(frame: bytes, *, fixed: bool) -> list[tuple[int, int, int]]:
+    """The (api key, min, max) entries librdkafka's ``rd_kafka_handle_ApiVersion`` reads from
+    an ApiVersions v3+ answer (a port of v2.0.2's src/rdkafka_request.c).
+
+    ``fixed=False`` skips tagged fields as ``rd_kafka_buf_skip_tags`` did from v1.4.0 to
+    v2.1.1 (``size - 1`` bytes, when size > 1); ``fixed=True`` as PR #4278 (v2.2.0) does.
+    Like librdkafka, it does not insist that the whole body is read.
+    """
+    body = frame[8:]  # size prefix, then response header v0: the correlation id
+    pos = 0
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if n > len(body) - pos:
+            raise ReadUnderflow(f"expected {n} bytes > {len(body) - pos} remaining bytes")
+        pos += n
+        return body[pos - n : pos]
+
+    def uvarint() -> int:  # rd_uvarint_dec: up to 64 bits
+        value = shift = 0
+        while True:
+            byte = take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value & (2**64 - 1)
+            shift += 7
+
+    def skip_tags() -> None:
+        for _ in range(uvarint()):
+            uvarint()  # the tag
+            size = uvarint()
+            if fixed:
+                take(size)
+            elif size > 1:
+                take(size - 1)
+
+    take(2)  # ErrorCode
+    entries = []
+    for _ in range(uvarint() - 1):
+        entries.append(tuple(int.from_bytes(take(2), "big", signed=True) for _ in range(3)))
+        skip_tags()
+    take(4)  # ThrottleTimeMs
+    skip_tags()
+    return entries
+
+
+def ranges(frame: bytes, version: int) -> list[tuple[int, int, int]]:
+    return [(e.api_key, e.min_version, e.max_version) for e in decode(frame, version).api_keys]
+
+
+def test_tansus_answer_is_what_librdkafka_2_0_2_cannot_read():
+    """The cause of issue #13, byte for byte: "Read underflow" exactly as kcat logs it."""
+    answer = decode(TANSU_V3_ANSWER, 3)
+    assert answer.tags == {
+        "supported_features",
+        "finalized_features_epoch",
+        "finalized_features",
+        "zk_migration_ready",
+    }
+    # 4 tagged fields: tag 0 size 1 (empty array), tag 1 size 8 (epoch -1), tag 2 size 1
+    # (empty array), tag 3 size 1 (false).
+    assert TANSU_V3_ANSWER.endswith(bytes.fromhex("04 000101 0108ffffffffffffffff 020101 030100"))
+    # Tag 0 has size 1 and nothing is skipped; its value 0x01 is read as a tag and tag 1's id
+    # as a size; then 0x08 is a tag and ff..ff 02 a size of 0x02FFFFFFFFFFFFFF.
+    with pytest.raises(ReadUnderflow, match="expected 216172782113783806 bytes > 5 remaining"):
+        librdkafka_reads(TANSU_V3_ANSWER, fixed=False)
+    assert librdkafka_reads(TANSU_V3_ANSWER, fixed=True) == ranges(TANSU_V3_ANSWER, 3)
+
+
+def test_stripped_answer_is_read_alike_by_old_and_new_librdkafka():
+    out, dropped = strip_tagged_fields(TANSU_V3_ANSWER, 3)
+    assert dropped == TANSU_TAGS
+    assert out[4:8] == TANSU_V3_ANSWER[4:8]
+    assert out.endswith(b"\x00\x00\x00\x00\x00")  # throttle time 0, no tagged fields
+    assert len(out) == len(TANSU_V3_ANSWER) - 19
+    assert (
+        librdkafka_reads(out, fixed=False) == librdkafka_reads(out, fixed=True) == ranges(TANSU_V3_ANSWER, 3)
+    )
+    assert strip_tagged_fields(out, 3) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=api_versions_responses(), caps=CAPS)
+def test_stripping_keeps_every_api_range_and_drops_every_tag(case, caps):
+    """Capped (as the router does) then stripped: kafka-python reads the same ranges, every
+    tagged field at its default, and librdkafka before 2.2.0 reads it too."""
+    version, message = case
+    capped = cap_api_versions(frame_of(message, 42), version, caps)
+    stripped = strip_tagged_fields(capped, version)
+    if version < 3:
+        assert stripped is None
+        return
+    expected = decode(capped, version)
+    if stripped is None:
+        assert not expected.tags and not expected.unknown_tags
+        return
+    out, dropped = stripped
+    assert dropped
+    answer = decode(out, version)
+    assert answer.header.correlation_id == 42
+    assert (answer.error_code, answer.throttle_time_ms) == (0, expected.throttle_time_ms)
+    assert ranges(out, version) == ranges(capped, version)
+    for name, field in CLS.fields.items():
+        if field._tag is not None:
+            assert getattr(answer, name) == field.default
+    assert not answer.tags and not answer.unknown_tags
+    assert librdkafka_reads(out, fixed=False) == ranges(capped, version)
+
+
+@pytest.mark.parametrize("version", FLEXIBLE_VERSIONS)
+def test_unknown_tags_are_dropped_too(version):
+    """Tags kafka-python does not know (a newer broker's), at the top level and in an entry."""
+    entry = CLS.ApiVersion(version=version, api_key=3, min_version=0, max_version=12)
+    body = bytearray(CLS(version=version, error_code=0, throttle_time_ms=0, api_keys=[entry]).encode())
+    assert body[-1] == 0 and body[-6] == 0  # the message's and the entry's empty tag sections
+    body[-6:-5] = bytes([1, 8, 1, 0xEE])  # tag 8 on the entry, one byte
+    body[-1:] = bytes([1, 9, 2, 0xAB, 0xCD])  # tag 9, two bytes
+    frame = (4 + len(body)).to_bytes(4, "big") + (5).to_bytes(4, "big") + bytes(body)
+    assert librdkafka_reads(frame, fixed=True) == [(3, 0, 12)]
+    out, dropped = strip_tagged_fields(frame, version)
+    assert dropped == ["tag 9", "ApiKeys entry tags"]
+    assert librdkafka_reads(out, fixed=False) == [(3, 0, 12)]
+
+
+@pytest.mark.parametrize("version", range(3))
+def test_answers_before_v3_have_no_tags_to_strip(version):
+    frame = frame_of(CLS(version=version, error_code=0, api_keys=[]))
+    assert strip_tagged_fields(frame, version) is None
+
+
+def test_error_answers_are_left_alone():
+    assert strip_tagged_fields(unsupported_api_versions_response(3), 3) is None
+    assert strip_tagged_fields(frame_of(CLS(version=3, error_code=42, api_keys=[])), 3) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(version=st.sampled_from(FLEXIBLE_VERSIONS), junk=st.binary(max_size=40))
+def test_malformed_answers_raise_only_protocol_error(version, junk):
+    body = b"\x00\x00" + junk
+    frame = (4 + len(body)).to_bytes(4, "big") + b"\x00\x00\x00\x01" + body
+    with contextlib.suppress(ProtocolError):
+        strip_tagged_fields(frame, version)
+
+
+def test_client_software_of_real_clients():
+    kcat = client_software(KCAT_REQUEST, parse_request_header(KCAT_REQUEST))
+    assert kcat == ClientSoftware("librdkafka", "2.0.2")
+    assert str(kcat) == "librdkafka 2.0.2"
+    confluent = client_software(CONFLUENT_REQUEST, parse_request_header(CONFLUENT_REQUEST))
+    assert confluent == ClientSoftware("confluent-kafka-python", "2.16.1-rdkafka-2.16.0")
+
+
+SOFTWARE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=100, deadline=None)
+@given(version=st.sampled_from(FLEXIBLE_VERSIONS), name=SOFTWARE_TEXT, software_version=SOFTWARE_TEXT)
+def test_client_software_reads_what_kafka_python_encodes(version, name, software_version):
+    request = REQUEST_CLS(
+        version=version, client_software_name=name, client_software_version=software_version
+    )
+    frame = encode_request(request, correlation_id=9, client_id="c")
+    assert client_software(frame, parse_request_header(frame)) == ClientSoftware(name, software_version)
+
+
+@pytest.mark.parametrize("version", range(3))
+def test_requests_before_v3_name_no_software(version):
+    frame = encode_request(REQUEST_CLS(version=version), correlation_id=1)
+    assert client_software(frame, parse_request_header(frame)) is None
+
+
+def test_truncated_client_software_is_a_protocol_error():
+    short = KCAT_REQUEST[:-4]
+    short = (len(short) - 4).to_bytes(4, "big") + short[4:]
+    with pytest.raises(ProtocolError):
+        client_software(short, parse_request_header(short))
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "librdkafka", "misreads"),
+    [
+        # librdkafka's default client software: rd_kafka_version_str()
+        ("librdkafka", "1.4.0", (1, 4, 0), True),  # first with ApiVersions v3 (KIP-511)
+        ("librdkafka", "2.0.2", (2, 0, 2), True),  # Debian 12's kcat
+        ("librdkafka", "2.1.1", (2, 1, 1), True),  # the last release with the bug
+        ("librdkafka", "2.2.0-RC1", (2, 2, 0), False),  # PR #4278 is in v2.2.0-RC1
+        ("librdkafka", "2.2.0", (2, 2, 0), False),
+        ("librdkafka", "2.16.0", (2, 16, 0), False),
+        ("librdkafka", "v2.1", (2, 1, 0), True),
+        ("librdkafka", "unknown", None, False),
+        # bindings that report librdkafka's version as theirs
+        ("confluent-kafka-go", "2.1.1", (2, 1, 1), True),
+        ("confluent-kafka-dotnet", "2.0.2", (2, 0, 2), True),
+        ("confluent-kafka-dotnet", "2.3.0", (2, 3, 0), False),
+        # bindings that append it to their own version
+        ("confluent-kafka-python", "2.0.2-rdkafka-2.0.2", (2, 0, 2), True),
+        ("confluent-kafka-python", "2.16.1-rdkafka-2.16.0", (2, 16, 0), False),
+        ("confluent-kafka-javascript", "1.0.0-librdkafka-2.1.0", (2, 1, 0), True),
+        ("karafka", "v2.0.0-rdkafka-ruby-v0.13.0-librdkafka-v2.0.2", (2, 0, 2), True),
+        ("karafka", "v2.5.0-rdkafka-ruby-v0.19.5-librdkafka-v2.8.0", (2, 8, 0), False),
+        # not librdkafka, whatever the version number
+        ("kafka-python", "2.0.2", None, False),
+        ("apache-kafka-java", "3.7.0", None, False),
+        ("sarama", "1.38.1", None, False),
+        ("my-app", "1.0-myrdkafka-1.0.0", None, False),
+    ],
+)
+def test_which_clients_misread_tagged_fields(name, version, librdkafka, misreads):
+    software = ClientSoftware(name, version)
+    assert librdkafka_version(software) == librdkafka
+    assert mis_skips_tagged_fields(software) is misreads
+    if librdkafka is not None:
+        assert misreads == (librdkafka < LIBRDKAFKA_TAG_SKIP_FIXED)
