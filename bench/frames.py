@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kafka.protocol.producer import ProduceRequest
 
-from protocol import SIZE_PREFIX, parse_request_header, produce_acks
+from protocol import SIZE_PREFIX, ApiKey, parse_request_header, produce_acks
 from protocol.encoding import encode_request
 
 PRODUCE_VERSION = 7
@@ -48,5 +48,5 @@ def produce_frame(size: int, client_id: str = "bench") -> bytes:
     data = build(size - overhead)
     assert len(data) == size, (len(data), size)
     header = parse_request_header(bytearray(data))
-    assert header.api_key == 0 and produce_acks(bytearray(data), header) == 1
+    assert header.api_key == ApiKey.PRODUCE and produce_acks(bytearray(data), header) == 1
     return data

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import timeit
 
+from protocol import ApiKey
 from protocol.rewrite import rewrite_response
 from protocol.schemas import response_class
 
@@ -24,7 +25,7 @@ FETCH_RECORDS = 1 << 20
 
 def produce_answer() -> bytes:
     """A one-partition Produce answer with no error, as most are."""
-    cls = response_class(0)
+    cls = response_class(ApiKey.PRODUCE)
     topic, part = cls.TopicProduceResponse, cls.TopicProduceResponse.PartitionProduceResponse
     v = PRODUCE_VERSION
     partition = part(version=v, index=0, error_code=0, base_offset=1234, log_start_offset=0)
@@ -34,7 +35,7 @@ def produce_answer() -> bytes:
 
 def fetch_answer() -> bytes:
     """A Fetch answer of ten partitions, one holding ``FETCH_RECORDS`` bytes of records."""
-    cls = response_class(1)
+    cls = response_class(ApiKey.FETCH)
     topic, part = cls.FetchableTopicResponse, cls.FetchableTopicResponse.PartitionData
     v = FETCH_VERSION
     sizes = [FETCH_RECORDS] + [1000] * (FETCH_PARTITIONS - 1)

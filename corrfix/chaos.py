@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import protocol
-from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError, is_sasl_v0_handshake
 from protocol.framing import BytesLike
 
 UNKNOWN_API = -1
@@ -31,7 +31,6 @@ UNKNOWN_API = -1
 SASL_TOKEN_API = -2
 """Pseudo api key of a raw SASL token answer (after SaslHandshake v0); never subject to chaos."""
 
-SASL_HANDSHAKE_KEY = 17
 MAX_TRACKED_REQUESTS = 65536
 """In-flight requests remembered per connection; the oldest are forgotten beyond this, so a
 broker that never answers some requests cannot make the relay grow without bound."""
@@ -404,7 +403,7 @@ class ConnectionChaos:
         request = self._in_flight.pop(correlation_id, None)
         if request is None:
             return self.policy.decide(UNKNOWN_API, correlation_id)
-        if request.api_key == SASL_HANDSHAKE_KEY and request.api_version == 0 and _error_code(frame) == 0:
+        if is_sasl_v0_handshake(request.api_key, request.api_version) and _error_code(frame) == 0:
             self._sasl_raw = True
         return self.policy.decide(request.api_key, correlation_id, request.api_version)
 

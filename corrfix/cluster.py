@@ -13,13 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from protocol import ProtocolError, RequestHeader
+from protocol import ApiKey, ProtocolError, RequestHeader
 from protocol.api_versions import cap_api_versions, decodable_max_versions, unsupported_api_versions_response
 from protocol.rewrite import needs_rewrite, rewrite_response
 
 from .netutil import Address
 
-API_VERSIONS_KEY = 18
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 MAX_BROKERS = 1024
 """Listeners the proxy opens for one cluster; a broker that invents node ids cannot exhaust ports."""
@@ -110,7 +109,7 @@ class ClusterRouter:
 
     def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
         """A :data:`~corrfix.repair.ResponseTransform` for the repair machine."""
-        if api_key == API_VERSIONS_KEY:
+        if api_key == ApiKey.API_VERSIONS:
             return cap_api_versions(frame, api_version, self.caps)
         if needs_rewrite(api_key, api_version):
             return rewrite_response(frame, api_key, api_version, self.map_address) or frame
@@ -119,6 +118,6 @@ class ClusterRouter:
     def local_answer(self, header: RequestHeader) -> bytes | None:
         """A :data:`~corrfix.repair.LocalAnswer`: refuse ApiVersions versions the proxy
         cannot decode, the way a broker does, so the client retries lower."""
-        if header.api_key == API_VERSIONS_KEY and header.api_version > self.caps[API_VERSIONS_KEY]:
+        if header.api_key == ApiKey.API_VERSIONS and header.api_version > self.caps[ApiKey.API_VERSIONS]:
             return unsupported_api_versions_response(header.correlation_id)
         return None

@@ -1,7 +1,7 @@
 """Prometheus metrics for the proxy, served over HTTP by prometheus-client.
 
 The repair machine reports requests and answered latencies through the small
-:class:`MachineMetrics` protocol, so it stays free of prometheus; the shell counts
+:class:`~corrfix.repair.MachineMetrics` protocol, so it stays free of prometheus; the shell counts
 connections, bytes and repair events. Label children are cached per api key, keeping
 the per-frame cost to a dictionary lookup and an increment.
 """
@@ -9,7 +9,6 @@ the per-frame cost to a dictionary lookup and an increment.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -18,14 +17,6 @@ from protocol import api_name
 from .netutil import Address
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class MachineMetrics(Protocol):
-    """What the repair machine reports, per frame."""
-
-    def request(self, api_key: int) -> None: ...
-
-    def answer(self, api_key: int, seconds: float) -> None: ...
 
 
 class ProxyMetrics:

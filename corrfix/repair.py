@@ -17,13 +17,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from protocol import (
+    SASL_KEYS,
+    SASL_V0_ROUNDS,
+    ApiKey,
     ProtocolError,
     RequestHeader,
     api_name,
     fetch_max_wait_ms,
+    is_sasl_v0_handshake,
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
@@ -34,40 +38,38 @@ from protocol import (
 )
 from protocol.api_versions import client_software, mis_skips_tagged_fields, strip_tagged_fields
 from protocol.headers import MIN_RESPONSE_FRAME
-from protocol.requests import FETCH_KEY, PRODUCE_KEY
 
 from .latency import RetransmitTimer
 
-if TYPE_CHECKING:
-    from .metrics import MachineMetrics
-
-API_VERSIONS_KEY = 18
 MAX_CORRELATION_ID = 2**31 - 1
 PROBE_CLIENT_ID = b"corrfix-probe"
 # ApiVersions v0 with request header v1: accepted by every broker, even before SASL.
 _PROBE_TEMPLATE = (
     (2 + 2 + 4 + 2 + len(PROBE_CLIENT_ID)).to_bytes(4, "big")
-    + API_VERSIONS_KEY.to_bytes(2, "big")
+    + ApiKey.API_VERSIONS.to_bytes(2, "big")
     + (0).to_bytes(2, "big")
     + (0).to_bytes(4, "big")
     + len(PROBE_CLIENT_ID).to_bytes(2, "big")
     + PROBE_CLIENT_ID
 )
 MAX_ACKS0_MARKERS = 4096
-SASL_HANDSHAKE_KEY = 17
-SASL_AUTHENTICATE_KEY = 36
-# Until authentication completes, Kafka's SASL authenticator accepts only the next SASL
-# request and fails the connection on anything else, so a probe must wait.
-SASL_KEYS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
-PREAMBLE_KEYS = SASL_KEYS | {API_VERSIONS_KEY}
+PREAMBLE_KEYS = SASL_KEYS | {ApiKey.API_VERSIONS}
 """What a connection may send before it authenticates. Until it sends anything else, a
 probe could be the second ApiVersions a SASL broker sees before SaslHandshake, which it
 refuses (Kafka's SaslServerAuthenticator closes the connection)."""
-# Raw-token round trips after a SaslHandshake v0, by mechanism. A mechanism not listed
-# (GSSAPI, anything custom) has no fixed count: the connection then stays a plain relay.
-SASL_V0_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
 
 ProducePolicy = Literal["requeue", "disconnect"]
+
+
+class MachineMetrics(Protocol):
+    """What the machine reports per frame; the shell supplies it, so the machine stays free
+    of prometheus (corrfix.metrics.ProxyMetrics is one)."""
+
+    def request(self, api_key: int) -> None: ...
+
+    def answer(self, api_key: int, seconds: float) -> None: ...
+
+
 ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
 """``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery."""
 LocalAnswer = Callable[[RequestHeader], bytes | None]
@@ -270,20 +272,20 @@ class RepairMachine:
                 self._metrics.request(header.api_key)
             if header.api_key not in PREAMBLE_KEYS:
                 self._preamble = False
-            elif header.api_key == API_VERSIONS_KEY and self.config.client_compat:
+            elif header.api_key == ApiKey.API_VERSIONS and self.config.client_compat:
                 self._identify_client(frame, header)
             if self._local_answer is not None and self._answer_locally(frame, header, now):
                 continue
             upstream_id = self._allocate_id()
             patch_request_correlation_id(frame, upstream_id)
             self._seq += 1
-            if header.api_key == PRODUCE_KEY and produce_acks(frame, header) == 0:
+            if header.api_key == ApiKey.PRODUCE and produce_acks(frame, header) == 0:
                 self._remember_acks0(upstream_id)
             else:
                 request = _Request(frame, header, now)
                 if header.api_key in SASL_KEYS:
                     self._sasl_pending += 1
-                    if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
+                    if is_sasl_v0_handshake(header.api_key, header.api_version):
                         self._sasl_handshake = request
                 request.upstream_id = upstream_id
                 request.seq = self._seq
@@ -376,7 +378,7 @@ class RepairMachine:
         actions.events.append(
             RepairEvent(
                 RepairKind.CLIENT_COMPAT,
-                api_key=API_VERSIONS_KEY,
+                api_key=ApiKey.API_VERSIONS,
                 client_correlation_id=entry.client_correlation_id,
                 upstream_correlation_id=entry.upstream_id,
                 attempt=entry.attempts,
@@ -432,7 +434,7 @@ class RepairMachine:
             actions.events.append(
                 RepairEvent(
                     RepairKind.STALE_DROP,
-                    api_key=PRODUCE_KEY,
+                    api_key=ApiKey.PRODUCE,
                     upstream_correlation_id=upstream_id,
                     reason="reply to acks=0 Produce",
                 )
@@ -453,7 +455,7 @@ class RepairMachine:
                 actions.events.append(
                     RepairEvent(
                         RepairKind.PROBE_FOUND_LOSS,
-                        api_key=API_VERSIONS_KEY,
+                        api_key=ApiKey.API_VERSIONS,
                         upstream_correlation_id=upstream_id,
                         reason=f"{found_loss} earlier answers lost",
                     )
@@ -466,7 +468,7 @@ class RepairMachine:
         if self._transform is not None:
             rewritten = self._transform(entry.api_key, entry.api_version, frame)
             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
-        if self._compat_client is not None and entry.api_key == API_VERSIONS_KEY:
+        if self._compat_client is not None and entry.api_key == ApiKey.API_VERSIONS:
             frame = self._compat_answer(entry, frame, actions)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         if entry is self._sasl_handshake:
@@ -488,7 +490,7 @@ class RepairMachine:
                 actions.events.append(
                     RepairEvent(
                         RepairKind.SKIP_DETECTED,
-                        api_key=API_VERSIONS_KEY,
+                        api_key=ApiKey.API_VERSIONS,
                         upstream_correlation_id=lost.upstream_id,
                         reason=f"answer to corrfix's probe lost ({evidence})",
                     )
@@ -513,7 +515,7 @@ class RepairMachine:
             self._give_up(request, actions, f"answer lost {request.attempts} times")
             return
         possible_duplicate = False
-        if request.api_key == PRODUCE_KEY and not produce_is_idempotent(request.frame, request.header):
+        if request.api_key == ApiKey.PRODUCE and not produce_is_idempotent(request.frame, request.header):
             if self.config.produce_policy == "disconnect":
                 self._give_up(request, actions, "lost answer to a non-idempotent Produce")
                 return
@@ -542,7 +544,7 @@ class RepairMachine:
             actions.events.append(
                 RepairEvent(
                     RepairKind.POSSIBLE_DUPLICATE,
-                    api_key=PRODUCE_KEY,
+                    api_key=ApiKey.PRODUCE,
                     client_correlation_id=request.client_correlation_id,
                     upstream_correlation_id=request.upstream_id,
                     attempt=request.attempts,
@@ -567,7 +569,7 @@ class RepairMachine:
         """How long the broker may legitimately keep this request (a Fetch long-poll)."""
         if request.hold is None:
             hold = 0.0
-            if request.api_key == FETCH_KEY:
+            if request.api_key == ApiKey.FETCH:
                 hold = fetch_max_wait_ms(request.frame, request.header) / 1000.0
             request.hold = hold
         return request.hold
@@ -585,9 +587,9 @@ class RepairMachine:
         backoff = 2**self._probe_backoff
         if isinstance(last, _Probe):
             # A probe is already behind every request: wait for it before the next one.
-            return last.sent_at + self._timer.timeout(API_VERSIONS_KEY) * backoff
+            return last.sent_at + self._timer.timeout(ApiKey.API_VERSIONS) * backoff
         if isinstance(head, _Probe):
-            return head.sent_at + self._timer.timeout(API_VERSIONS_KEY) * backoff
+            return head.sent_at + self._timer.timeout(ApiKey.API_VERSIONS) * backoff
         return head.sent_at + self._hold(head) + self._timer.timeout(head.api_key) * backoff
 
     def _send_probe(self, now: float, actions: Actions) -> None:
@@ -605,7 +607,7 @@ class RepairMachine:
         actions.events.append(
             RepairEvent(
                 RepairKind.PROBE_SENT,
-                api_key=API_VERSIONS_KEY,
+                api_key=ApiKey.API_VERSIONS,
                 upstream_correlation_id=upstream_id,
                 reason=f"oldest send waiting {now - head.sent_at:.3f}s",
             )
@@ -630,11 +632,11 @@ class RepairMachine:
         appended them (their answer may even be held here, behind an older one): a
         non-idempotent Produce can then be stored twice."""
         for sent in self._client_order:
-            if sent.api_key == PRODUCE_KEY and not produce_is_idempotent(sent.frame, sent.header):
+            if sent.api_key == ApiKey.PRODUCE and not produce_is_idempotent(sent.frame, sent.header):
                 actions.events.append(
                     RepairEvent(
                         RepairKind.POSSIBLE_DUPLICATE,
-                        api_key=PRODUCE_KEY,
+                        api_key=ApiKey.PRODUCE,
                         client_correlation_id=sent.client_correlation_id,
                         upstream_correlation_id=sent.upstream_id,
                         attempt=sent.attempts,

@@ -23,10 +23,11 @@ from typing import Any
 
 from kafka.protocol.api_message import ApiMessage
 
+from .api_key import ApiKey
 from .encoding import encode_response
 from .errors import ProtocolError
 from .framing import BytesLike
-from .headers import API_VERSIONS_KEY, RequestHeader
+from .headers import RequestHeader
 from .rewrite import (
     REWRITTEN_API_KEYS,
     decode_response_body,
@@ -41,7 +42,7 @@ NO_ERROR = 0
 UNSUPPORTED_VERSION = 35
 """Kafka's UNSUPPORTED_VERSION error code."""
 
-CAPPED_API_KEYS: frozenset[int] = REWRITTEN_API_KEYS | {API_VERSIONS_KEY}
+CAPPED_API_KEYS: frozenset[int] = REWRITTEN_API_KEYS | {ApiKey.API_VERSIONS}
 """The APIs whose responses the proxy must decode: those it rewrites, and ApiVersions itself."""
 
 
@@ -68,7 +69,7 @@ def decodable_max_versions() -> dict[int, int]:
 
 
 def _api_versions_class() -> type[ApiMessage]:
-    cls = response_class(API_VERSIONS_KEY)
+    cls = response_class(ApiKey.API_VERSIONS)
     if cls is None:  # pragma: no cover - kafka-python 3 ships ApiVersionsResponse
         raise RuntimeError("kafka-python has no ApiVersionsResponse")
     return cls
@@ -90,15 +91,15 @@ def _decode_api_versions(body: memoryview, api_version: int) -> ApiMessage | Non
     """
     error = _error_code(body)
     if error == NO_ERROR:
-        return decode_response_body(API_VERSIONS_KEY, api_version, body)
+        return decode_response_body(ApiKey.API_VERSIONS, api_version, body)
     if error != UNSUPPORTED_VERSION:
         return None
     try:
-        return decode_response_body(API_VERSIONS_KEY, 0, body)
+        return decode_response_body(ApiKey.API_VERSIONS, 0, body)
     except ProtocolError:
         if api_version == 0:
             raise
-        return decode_response_body(API_VERSIONS_KEY, api_version, body)
+        return decode_response_body(ApiKey.API_VERSIONS, api_version, body)
 
 
 def cap_api_versions(frame: BytesLike, api_version: int, caps: Mapping[int, int]) -> bytes:
@@ -111,7 +112,7 @@ def cap_api_versions(frame: BytesLike, api_version: int, caps: Mapping[int, int]
     for byte. When nothing is capped the input comes back as bytes, the same object if it
     was bytes. Malformed frames raise :class:`ProtocolError`.
     """
-    header, body = split_response(frame, API_VERSIONS_KEY, api_version)
+    header, body = split_response(frame, ApiKey.API_VERSIONS, api_version)
     message = _decode_api_versions(body, api_version)
     if message is None:
         return frame if isinstance(frame, bytes) else bytes(frame)
@@ -143,9 +144,9 @@ def unsupported_api_versions_response(correlation_id: int, max_version: int | No
     does the same.
     """
     if max_version is None:
-        max_version = _decodable_max_versions()[API_VERSIONS_KEY]
+        max_version = _decodable_max_versions()[ApiKey.API_VERSIONS]
     cls = _api_versions_class()
-    entry = cls.ApiVersion(version=0, api_key=API_VERSIONS_KEY, min_version=0, max_version=max_version)
+    entry = cls.ApiVersion(version=0, api_key=ApiKey.API_VERSIONS, min_version=0, max_version=max_version)
     message = cls(version=0, error_code=UNSUPPORTED_VERSION, api_keys=[entry])
     return encode_response(message, correlation_id)
 
@@ -207,7 +208,7 @@ def client_software(frame: BytesLike, header: RequestHeader) -> ClientSoftware |
     Called once per connection at most, so two compact strings are read by hand rather than
     through kafka-python. A malformed body raises :class:`ProtocolError`.
     """
-    if header.api_key != API_VERSIONS_KEY or header.api_version < FIRST_CLIENT_SOFTWARE_VERSION:
+    if header.api_key != ApiKey.API_VERSIONS or header.api_version < FIRST_CLIENT_SOFTWARE_VERSION:
         return None
     if header.body_offset is None:  # pragma: no cover - ApiVersions' schema is always known
         raise ProtocolError("ApiVersions request body cannot be located")
@@ -266,10 +267,10 @@ def strip_tagged_fields(frame: BytesLike, api_version: int) -> tuple[bytes, list
     """
     if api_version < FIRST_CLIENT_SOFTWARE_VERSION:
         return None
-    header, body = split_response(frame, API_VERSIONS_KEY, api_version)
+    header, body = split_response(frame, ApiKey.API_VERSIONS, api_version)
     if _error_code(body) != NO_ERROR:
         return None
-    message = decode_response_body(API_VERSIONS_KEY, api_version, body)
+    message = decode_response_body(ApiKey.API_VERSIONS, api_version, body)
     present = message.tags or set()
     dropped: list[str] = []
     for attribute, schema_name, default in _tagged_fields(api_version):

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .api_key import ApiKey
 from .errors import ProtocolError
 from .framing import SIZE_PREFIX, BytesLike
 from .schemas import is_flexible
 from .varint import read_tagged_fields
-
-API_VERSIONS_KEY = 18
-CONTROLLED_SHUTDOWN_KEY = 7
 
 REQUEST_CORRELATION_OFFSET = SIZE_PREFIX + 4
 RESPONSE_CORRELATION_OFFSET = SIZE_PREFIX
@@ -42,7 +40,7 @@ class RequestHeader:
 
 def request_header_version(api_key: int, api_version: int) -> int | None:
     """Request header version 0, 1 or 2 from the API's flexible versions; None if unknown."""
-    if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+    if api_key == ApiKey.CONTROLLED_SHUTDOWN and api_version == 0:
         return 0
     flexible = is_flexible(api_key, api_version)
     if flexible is None:
@@ -53,7 +51,7 @@ def request_header_version(api_key: int, api_version: int) -> int | None:
 def response_header_version(api_key: int, api_version: int) -> int:
     """Response header version 0 or 1. ApiVersions always answers with v0 so that a client
     can read the answer before it knows which versions the broker speaks."""
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     return 1 if is_flexible(api_key, api_version) else 0
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from functools import cache
 
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas import BaseField
 from kafka.record.default_records import DefaultRecordBatch
 
+from .api_key import ApiKey
 from .errors import ProtocolError
 from .framing import BytesLike
 from .headers import RequestHeader
 from .schemas import request_class
 from .varint import read_uvarint
 
-PRODUCE_KEY = 0
-FETCH_KEY = 1
 NO_PRODUCER_ID = -1
 _RECORD_BATCH_MAGIC_OFFSET = 16
 _RECORD_BATCH_HEADER_SIZE = DefaultRecordBatch.HEADER_STRUCT.size
@@ -52,10 +52,10 @@ def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
 
 def expects_response(frame: BytesLike, header: RequestHeader) -> bool:
     """False only for Produce with acks=0: the one request a broker must not answer."""
-    return header.api_key != PRODUCE_KEY or produce_acks(frame, header) != 0
+    return header.api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
 
 
-def _decode_body(frame: BytesLike, header: RequestHeader) -> object | None:
+def _decode_body(frame: BytesLike, header: RequestHeader) -> ApiMessage | None:
     cls = request_class(header.api_key)
     if cls is None or header.body_offset is None or header.api_version > cls.max_version:
         return None
@@ -98,7 +98,7 @@ def fetch_max_wait_ms(frame: BytesLike, header: RequestHeader) -> int:
     Every Fetch asks this, so it reads four bytes at the offset the schema gives for the
     version rather than decoding the body.
     """
-    offset = fixed_field_offset(FETCH_KEY, header.api_version, "MaxWaitMs")
+    offset = fixed_field_offset(ApiKey.FETCH, header.api_version, "MaxWaitMs")
     if offset is None or header.body_offset is None:
         return 0
     pos = header.body_offset + offset

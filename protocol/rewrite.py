@@ -34,6 +34,7 @@ from typing import Any
 
 from kafka.protocol.api_message import ApiMessage
 
+from .api_key import ApiKey
 from .errors import ProtocolError
 from .framing import SIZE_PREFIX, BytesLike
 from .headers import response_body_offset
@@ -42,11 +43,6 @@ from .schemas import api_name, response_class
 AddressMapper = Callable[[int, str, int], tuple[str, int]]
 """``(node_id, host, port) -> (host, port)``: the address the client should use instead."""
 
-PRODUCE_KEY = 0
-FETCH_KEY = 1
-METADATA_KEY = 3
-FIND_COORDINATOR_KEY = 10
-DESCRIBE_CLUSTER_KEY = 60
 
 _INT32_MAX = 2**31 - 1
 _INT16_MAX = 2**15 - 1
@@ -84,14 +80,14 @@ class _Site:
 
 
 _SITES: dict[int, tuple[_Site, ...]] = {
-    METADATA_KEY: (_Site("brokers", "node_id"),),
-    FIND_COORDINATOR_KEY: (
+    ApiKey.METADATA: (_Site("brokers", "node_id"),),
+    ApiKey.FIND_COORDINATOR: (
         _Site(None, "node_id", "error_code"),
         _Site("coordinators", "node_id", "error_code"),
     ),
-    DESCRIBE_CLUSTER_KEY: (_Site("brokers", "broker_id"),),
-    PRODUCE_KEY: (_Site("node_endpoints", "node_id"),),
-    FETCH_KEY: (_Site("node_endpoints", "node_id"),),
+    ApiKey.DESCRIBE_CLUSTER: (_Site("brokers", "broker_id"),),
+    ApiKey.PRODUCE: (_Site("node_endpoints", "node_id"),),
+    ApiKey.FETCH: (_Site("node_endpoints", "node_id"),),
 }
 
 REWRITTEN_API_KEYS: frozenset[int] = frozenset(_SITES)

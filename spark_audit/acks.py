@@ -17,7 +17,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-PRODUCE = 0
+from protocol import ApiKey
+
 FIRST_FLEXIBLE_PRODUCE = 9
 FIRST_TRANSACTIONAL_PRODUCE = 3
 
@@ -65,7 +66,7 @@ def with_produce_acks(
 
 def expects_answer(api_key: Column, acks: Column) -> Column:
     """False only for a Produce with acks=0 (unknown acks count as expecting an answer)."""
-    return ~((api_key == PRODUCE) & (F.coalesce(acks, F.lit(-1)) == 0))
+    return ~((api_key == ApiKey.PRODUCE) & (F.coalesce(acks, F.lit(-1)) == 0))
 
 
 def with_acks(headers: DataFrame) -> DataFrame:

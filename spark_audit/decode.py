@@ -17,21 +17,38 @@ from typing import Any
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
-from protocol import ProtocolError, parse_request_header, request_class, response_body_offset, response_class
+from protocol import (
+    ApiKey,
+    ProtocolError,
+    parse_request_header,
+    request_class,
+    response_body_offset,
+    response_class,
+)
 
 from .produce_walk import produce_batch_facts
 
 Fact = dict[str, Any]
 
-PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 3, 8, 9, 10
-JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DELETE_GROUPS = 11, 12, 13, 14, 42
 OFFSET_FETCH_BATCHED = 8
 GROUP_REQUESTS = frozenset(
-    {OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DELETE_GROUPS}
+    {
+        ApiKey.OFFSET_COMMIT,
+        ApiKey.OFFSET_FETCH,
+        ApiKey.JOIN_GROUP,
+        ApiKey.HEARTBEAT,
+        ApiKey.LEAVE_GROUP,
+        ApiKey.SYNC_GROUP,
+        ApiKey.DELETE_GROUPS,
+    }
 )
-REQUEST_KEYS = frozenset({PRODUCE}) | GROUP_REQUESTS
+REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS
 RESPONSE_KEYS = (
-    frozenset({PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR}) | GROUP_REQUESTS
+    frozenset(
+        {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH}
+        | {ApiKey.FIND_COORDINATOR}
+    )
+    | GROUP_REQUESTS
 )
 DECODED_KEYS = REQUEST_KEYS | RESPONSE_KEYS
 
@@ -48,11 +65,11 @@ def decode(api_key: int, api_version: int, direction: str, frame: bytes, frame_l
         if len(frame) < frame_length:
             raise Undecodable(f"cut to {len(frame)} of {frame_length} bytes")
         if direction == "request":
-            if api_key == PRODUCE and (walked := _walk_produce(api_version, frame)) is not None:
+            if api_key == ApiKey.PRODUCE and (walked := _walk_produce(api_version, frame)) is not None:
                 return walked
             return list(_request_facts(api_key, api_version, _body(api_key, api_version, frame, True)))
         body = _body(api_key, api_version, frame, False)
-        found = produce_errors(body) if api_key == PRODUCE else errors(body)
+        found = produce_errors(body) if api_key == ApiKey.PRODUCE else errors(body)
         return list(_response_facts(api_key, api_version, body)) + list(found)
     except Undecodable as exc:
         return [{"fact": "undecodable", "note": str(exc)}]
@@ -62,7 +79,7 @@ def decode(api_key: int, api_version: int, direction: str, frame: bytes, frame_l
 
 def _walk_produce(api_version: int, frame: bytes) -> list[Fact] | None:
     """A Produce request's batches by :mod:`.produce_walk` (None: decode it with kafka-python)."""
-    cls = request_class(PRODUCE)
+    cls = request_class(ApiKey.PRODUCE)
     if cls is None or api_version > cls.max_version:
         return None
     try:
@@ -97,16 +114,16 @@ def _topic(obj: Any) -> str | None:
 
 
 def _request_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:
-    if api_key == PRODUCE:
+    if api_key == ApiKey.PRODUCE:
         yield from _produce_batches(body)
         return
-    if api_key == OFFSET_COMMIT:
+    if api_key == ApiKey.OFFSET_COMMIT:
         yield from _commits(body)
-    if api_key == DELETE_GROUPS:
+    if api_key == ApiKey.DELETE_GROUPS:
         for group in body.groups_names or ():
             yield {"fact": "group", "group_id": group}
         return
-    if api_key == OFFSET_FETCH and api_version >= OFFSET_FETCH_BATCHED:  # a batch of groups
+    if api_key == ApiKey.OFFSET_FETCH and api_version >= OFFSET_FETCH_BATCHED:  # a batch of groups
         for group in body.groups or ():
             yield {
                 "fact": "group",
@@ -161,7 +178,7 @@ def _commits(body: Any) -> Iterator[Fact]:
 
 
 def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:
-    if api_key == PRODUCE:
+    if api_key == ApiKey.PRODUCE:
         for topic in body.responses or ():
             for partition in topic.partition_responses or ():
                 yield {
@@ -171,7 +188,7 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "error_code": partition.error_code,
                     "offset": partition.base_offset,
                 }
-    elif api_key == METADATA:
+    elif api_key == ApiKey.METADATA:
         for topic in body.topics or ():
             for partition in topic.partitions or ():
                 yield {
@@ -182,7 +199,7 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "leader_epoch": partition.leader_epoch if api_version >= 7 else None,
                     "error_code": partition.error_code,
                 }
-    elif api_key == OFFSET_COMMIT:
+    elif api_key == ApiKey.OFFSET_COMMIT:
         for topic in body.topics or ():
             for partition in topic.partitions or ():
                 yield {
@@ -191,9 +208,9 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "partition": partition.partition_index,
                     "error_code": partition.error_code,
                 }
-    elif api_key == OFFSET_FETCH:
+    elif api_key == ApiKey.OFFSET_FETCH:
         yield from _fetched_offsets(body, api_version)
-    elif api_key == JOIN_GROUP:
+    elif api_key == ApiKey.JOIN_GROUP:
         yield {
             "fact": "generation",
             "generation_id": body.generation_id,

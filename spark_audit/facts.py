@@ -18,7 +18,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from .decode import DECODED_KEYS, PRODUCE, decode
+from protocol import ApiKey
+
+from .decode import DECODED_KEYS, decode
 from .produce_vector import decode_requests, decode_responses
 
 FACT_SCHEMA = pa.schema(
@@ -116,7 +118,7 @@ def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarr
     which rows those were; the other rows are decoded one by one."""
     taken = np.zeros(batch.num_rows, dtype=bool)
     out: list[pa.RecordBatch] = []
-    produce = pc.fill_null(pc.equal(batch.column("api_key"), PRODUCE), False)
+    produce = pc.fill_null(pc.equal(batch.column("api_key"), ApiKey.PRODUCE), False)
     for direction in ("request", "response"):
         chosen = pc.and_(produce, pc.fill_null(pc.equal(batch.column("direction"), direction), False))
         index = np.flatnonzero(chosen.to_numpy(zero_copy_only=False))

@@ -9,6 +9,7 @@ import pyarrow.fs
 from pyspark.sql import DataFrame, SparkSession
 
 from corrfix.capture.schema import CAPTURE_SCHEMA
+from protocol import ApiKey
 
 from . import DATA_SOURCE_NAME
 from .arrow_io import FrameTrim, RowFilter
@@ -20,7 +21,9 @@ from .source import CaptureDataSource, is_local
 
 Via = Literal["auto", "datasource", "binaryfile"]
 
-PRODUCE_HEAD = FrameTrim(api_keys=frozenset({0}), directions=frozenset({"request"}), max_bytes=512)
+PRODUCE_HEAD = FrameTrim(
+    api_keys=frozenset({ApiKey.PRODUCE}), directions=frozenset({"request"}), max_bytes=512
+)
 """What the header checks keep of frames: enough of each Produce request to read acks."""
 
 

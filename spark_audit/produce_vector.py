@@ -22,9 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from protocol import request_class, response_class
+from protocol import ApiKey, request_class, response_class
 
-from .decode import PRODUCE
 from .produce_walk import BATCH_HEADER, FIRST_FLEXIBLE
 
 FIRST_VERSION = 3
@@ -165,7 +164,7 @@ def _null_string(
 
 def _versions(api_version: pa.Array, is_request: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each frame's version, whether it is one read here, and whether it is flexible."""
-    cls = request_class(PRODUCE) if is_request else response_class(PRODUCE)
+    cls = request_class(ApiKey.PRODUCE) if is_request else response_class(ApiKey.PRODUCE)
     last = min(LAST_VERSION, cls.max_version) if cls is not None else -1
     version = pc.fill_null(api_version, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     return version, (version >= FIRST_VERSION) & (version <= last), version >= FIRST_FLEXIBLE
@@ -193,7 +192,7 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     f = _Frames(frames.column("frame"), frames.column("frame_length"))
     version, known, flexible = _versions(frames.column("api_version"), True)
     f.require(known)
-    f.require(f.signed(f.start + 4, 2) == PRODUCE)  # the frame's own header agrees with its row
+    f.require(f.signed(f.start + 4, 2) == ApiKey.PRODUCE)  # the frame's own header agrees with its row
     f.require(f.signed(f.start + 6, 2) == version)
     client_id = f.signed(f.start + 12, 2)
     f.require(client_id >= -1)  # -1 is a null client id; below that the header is malformed

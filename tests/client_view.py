@@ -17,11 +17,12 @@ from typing import Any
 
 from corrfix.observer import Direction, Side
 from corrfix.repair import RepairEvent
-from protocol import ProtocolError, parse_request_header, response_correlation_id
+from protocol import ApiKey, ProtocolError, parse_request_header, response_correlation_id
 from protocol.rewrite import decode_response_body, split_response
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
-ADDRESS_APIS = frozenset({PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+ADDRESS_APIS = frozenset(
+    {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +39,16 @@ class SeenAddress:
 def addresses_in(api_key: int, api_version: int, message: Any) -> list[SeenAddress]:
     """Every (node, host, port) in a decoded answer; error placeholders (node -1) included."""
     entries: list[tuple[int, str, int]] = []
-    if api_key == METADATA:
+    if api_key == ApiKey.METADATA:
         entries = [(b.node_id, b.host, b.port) for b in message.brokers or ()]
-    elif api_key == DESCRIBE_CLUSTER:
+    elif api_key == ApiKey.DESCRIBE_CLUSTER:
         entries = [(b.broker_id, b.host, b.port) for b in message.brokers or ()]
-    elif api_key == FIND_COORDINATOR:
+    elif api_key == ApiKey.FIND_COORDINATOR:
         if api_version <= 3:
             entries = [(message.node_id, message.host, message.port)]
         else:
             entries = [(c.node_id, c.host, c.port) for c in message.coordinators or ()]
-    elif api_key in (PRODUCE, FETCH) and "node_endpoints" in type(message).fields:
+    elif api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and "node_endpoints" in type(message).fields:
         entries = [(e.node_id, e.host, e.port) for e in getattr(message, "node_endpoints", None) or ()]
     return [SeenAddress(api_key, api_version, node, host, port) for node, host, port in entries]
 

@@ -14,12 +14,9 @@ from dataclasses import dataclass, field
 import trio
 from kafka.protocol.metadata import ApiVersionsResponse
 
-from protocol import FrameDecoder, parse_request_header
+from protocol import ApiKey, FrameDecoder, parse_request_header
 from protocol.encoding import encode_response
 
-API_VERSIONS = 18
-
-# A fault script: called with (request index on this connection, api key) and returns
 # "answer", "lose", "duplicate" or "close".
 Script = Callable[[int, int], str]
 
@@ -76,7 +73,7 @@ class FakeBroker:
                         return
                     if action == "lose":
                         continue
-                    if header.api_key == API_VERSIONS:
+                    if header.api_key == ApiKey.API_VERSIONS:
                         answer = api_versions_answer(header.correlation_id, header.api_version)
                     else:
                         assert header.body_offset is not None

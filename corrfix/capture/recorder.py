@@ -22,12 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol import ProtocolError, parse_request_header, response_body_offset
-from protocol.headers import API_VERSIONS_KEY
+from protocol import ApiKey, ProtocolError, is_sasl_v0_handshake, parse_request_header, response_body_offset
 
 from ..observer import Direction, Side
 from ..repair import PROBE_CLIENT_ID, RepairEvent, RepairKind
-from .sasl_v0 import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslTokens
+from .sasl_v0 import SaslTokens
 from .schema import CAPTURE_SCHEMA, RowKind
 
 ROW_FIELDS: tuple[str, ...] = tuple(CAPTURE_SCHEMA.names[2:])
@@ -219,7 +218,7 @@ class Recorder:
         client_cid = row[CLIENT_CID]
         if isinstance(client_cid, int):
             _remember(conn.asks, client_cid, _Ask(row[API_KEY], row[API_VERSION]))
-        if row[API_KEY] == SASL_HANDSHAKE_KEY and row[API_VERSION] == 0:
+        if is_sasl_v0_handshake(row[API_KEY], row[API_VERSION]):
             conn.sasl = conn.sasl or SaslTokens()
             conn.sasl.handshake_sent(frame)
         conn.expected.append(row)
@@ -280,7 +279,7 @@ class Recorder:
         send = conn.sends.pop(upstream_cid, None) if upstream_cid is not None else None
         if send is not None:
             row[CLIENT_CID], row[API_KEY], row[API_VERSION] = send
-            if conn.sasl is not None and send[1:] == (SASL_HANDSHAKE_KEY, 0):
+            if conn.sasl is not None and is_sasl_v0_handshake(send[1], send[2]):
                 conn.sasl.handshake_answered(frame)
         self._snap_response(row, frame)
         conn.held.append(row)
@@ -340,7 +339,7 @@ class Recorder:
             row[API_KEY], row[API_VERSION], row[CLIENT_CID] = _REQUEST_HEAD.unpack_from(frame, 4)
         row[FRAME_LENGTH] = len(frame)
         limit = self.snaplen
-        if not limit or row[API_KEY] == SASL_AUTHENTICATE_KEY:  # the header only (no credentials)
+        if not limit or row[API_KEY] == ApiKey.SASL_AUTHENTICATE:  # the header only (no credentials)
             limit = _REQUEST_FIXED_HEADER
             with contextlib.suppress(ProtocolError):
                 limit = parse_request_header(frame).body_offset or limit
@@ -349,7 +348,7 @@ class Recorder:
     def _snap_response(self, row: Row, frame: bytearray) -> None:
         row[FRAME_LENGTH] = len(frame)
         limit = self.snaplen
-        if not limit or row[API_KEY] == SASL_AUTHENTICATE_KEY:  # the header only
+        if not limit or row[API_KEY] == ApiKey.SASL_AUTHENTICATE:  # the header only
             limit = _RESPONSE_FIXED_HEADER
             api_key, api_version = row[API_KEY], row[API_VERSION]
             if isinstance(api_key, int) and isinstance(api_version, int):
@@ -359,7 +358,7 @@ class Recorder:
 
     @staticmethod
     def _is_probe(api_key: object, api_version: object, frame: bytearray) -> bool:
-        if api_key != API_VERSIONS_KEY or api_version != 0:
+        if api_key != ApiKey.API_VERSIONS or api_version != 0:
             return False
         try:
             return parse_request_header(frame).client_id == _PROBE_CLIENT_ID

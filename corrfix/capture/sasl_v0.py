@@ -9,12 +9,8 @@ credentials. This follows the same rule as the machine, from the frames alone.
 
 from __future__ import annotations
 
-from protocol import ProtocolError, parse_request_header, sasl_mechanism
+from protocol import SASL_V0_ROUNDS, ProtocolError, parse_request_header, sasl_mechanism
 
-from ..repair import SASL_V0_ROUNDS
-
-SASL_HANDSHAKE_KEY = 17
-SASL_AUTHENTICATE_KEY = 36
 _UNKNOWN = ""
 
 

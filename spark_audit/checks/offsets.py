@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..decode import DELETE_GROUPS, OFFSET_COMMIT, OFFSET_FETCH
+from protocol import ApiKey
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 _PARTITION = ["group_id", "topic", "partition"]
@@ -21,7 +21,7 @@ NO_OFFSET = -1
 
 def successful_commits(facts: DataFrame) -> DataFrame:
     """``group_id, topic, partition, offset, wall_ns`` (of the answer) per acknowledged commit."""
-    commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == OFFSET_COMMIT)).select(
+    commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == ApiKey.OFFSET_COMMIT)).select(
         *_CALL, *_PARTITION, "offset"
     )
     acks = facts.filter((F.col("fact") == "commit_ack") & (F.col("error_code") == 0)).select(
@@ -34,7 +34,7 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
     """``group_id, topic, partition, offset, wall_ns, capture_id, connection_id`` per partition
     an OffsetFetch answered without error (the group named in the answer, else the request)."""
     fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0))
-    requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == OFFSET_FETCH)).select(
+    requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.OFFSET_FETCH)).select(
         *_CALL, F.col("group_id").alias("request_group_id")
     )
     named = fetched.join(requests, _CALL, "left")
@@ -66,7 +66,7 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         F.min_by(F.struct("wall_ns", "capture_id", "connection_id"), "wall_ns").alias("first"),
         F.count("*").alias("fetches"),
     )
-    deletes = facts.filter((F.col("fact") == "group") & (F.col("api_key") == DELETE_GROUPS)).select(
+    deletes = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.DELETE_GROUPS)).select(
         "group_id", F.col("wall_ns").alias("deleted_wall_ns")
     )
     flat = per_loss.select(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..decode import PRODUCE
+from protocol import ApiKey
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 _BATCH = ["topic", "partition", "crc"]
@@ -27,7 +27,7 @@ SEQUENCE_WRAP = 1 << 31
 def attempts(facts: DataFrame) -> DataFrame:
     """Each record batch in each Produce request, with ``acknowledged`` (its partition's answer
     was error 0; null when no answer was captured)."""
-    batches = facts.filter((F.col("fact") == "produce_batch") & (F.col("api_key") == PRODUCE))
+    batches = facts.filter((F.col("fact") == "produce_batch") & (F.col("api_key") == ApiKey.PRODUCE))
     acks = facts.filter(F.col("fact") == "produce_ack").select(
         *_CALL, "topic", "partition", (F.col("error_code") == 0).alias("acknowledged")
     )

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..decode import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, SYNC_GROUP
+from protocol import ApiKey
+
 from ..windows import window_start
 
 CATEGORIES: dict[str, tuple[int, ...]] = {
@@ -25,6 +26,7 @@ CATEGORIES: dict[str, tuple[int, ...]] = {
     "isr_shrink": (19, 20),
     "coordinator_move": (15, 16),
 }
+GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT)
 _JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
 GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0"
 """Rebalance windows worth reporting: heartbeats alone are a group at rest."""
@@ -101,12 +103,10 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors`` and
     ``storm`` (at least ``threshold`` generations in the window)."""
     groups = facts.filter((F.col("fact") == "group") & (F.col("direction") == "request"))
-    requests = groups.filter(F.col("api_key").isin(JOIN_GROUP, SYNC_GROUP, LEAVE_GROUP, HEARTBEAT)).select(
-        *_JOIN, "group_id", "wall_ns"
-    )
+    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(*_JOIN, "group_id", "wall_ns")
     answers = facts.filter(
         (F.col("direction") == "response")
-        & F.col("api_key").isin(JOIN_GROUP, SYNC_GROUP, LEAVE_GROUP, HEARTBEAT)
+        & F.col("api_key").isin(*GROUP_LIFE)
         & F.col("fact").isin("generation", "error")
     ).select(
         *_JOIN, "fact", "generation_id", "member_id", "error_code", F.col("wall_ns").alias("answer_wall_ns")
@@ -125,10 +125,10 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
         "group_id", window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
     )
     out = counted.agg(
-        F.count(F.when(F.col("api_key") == JOIN_GROUP, 1)).alias("joins"),
-        F.count(F.when(F.col("api_key") == SYNC_GROUP, 1)).alias("syncs"),
-        F.count(F.when(F.col("api_key") == LEAVE_GROUP, 1)).alias("leaves"),
-        F.count(F.when(F.col("api_key") == HEARTBEAT, 1)).alias("heartbeats"),
+        F.count(F.when(F.col("api_key") == ApiKey.JOIN_GROUP, 1)).alias("joins"),
+        F.count(F.when(F.col("api_key") == ApiKey.SYNC_GROUP, 1)).alias("syncs"),
+        F.count(F.when(F.col("api_key") == ApiKey.LEAVE_GROUP, 1)).alias("leaves"),
+        F.count(F.when(F.col("api_key") == ApiKey.HEARTBEAT, 1)).alias("heartbeats"),
         F.sort_array(F.collect_set("generation_id")).alias("generations"),
         F.count_distinct("member_id").alias("members"),
         F.sum("errors").cast("long").alias("rebalance_errors"),

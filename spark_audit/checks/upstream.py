@@ -13,9 +13,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..pairs import KEY, matched, overtaken, requests, responses, side_frames
+from protocol import ApiKey
 
-API_VERSIONS = 18
+from ..pairs import KEY, matched, overtaken, requests, responses, side_frames
 
 
 def upstream_pairs(headers: DataFrame) -> DataFrame:
@@ -64,8 +64,8 @@ def upstream_skips(headers: DataFrame, pairs: DataFrame | None = None) -> DataFr
             ),
         )
     )
-    probe = (F.col("api_key") == API_VERSIONS) & F.col("client_correlation_id").isNull()
-    by_probe = (F.col("overtaken_api_key") == API_VERSIONS) & F.col(
+    probe = (F.col("api_key") == ApiKey.API_VERSIONS) & F.col("client_correlation_id").isNull()
+    by_probe = (F.col("overtaken_api_key") == ApiKey.API_VERSIONS) & F.col(
         "overtaken_client_correlation_id"
     ).isNull()
     outcome = (

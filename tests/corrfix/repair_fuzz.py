@@ -30,13 +30,11 @@ from corrfix.repair import (
     _Probe,
     _Request,
 )
-from protocol import ProtocolError, RequestHeader, parse_request_header, produce_acks
+from protocol import ApiKey, ProtocolError, RequestHeader, parse_request_header, produce_acks
 from protocol.encoding import encode_request
-from tests.corrfix.repair_model import METADATA, PRODUCE, request_frame
+from tests.corrfix.repair_model import request_frame
 from tests.protocol.fuzz_targets import mutate, request_seeds
 
-LIST_OFFSETS = 2
-SASL_HANDSHAKE = 17
 HEAL_STEPS = 2000
 """Honest-phase steps: enough to answer every request several times over."""
 
@@ -111,7 +109,7 @@ class FuzzHarness:
                 mechanism = rnd.choice(["PLAIN", "SCRAM-SHA-256", "GSSAPI"])
                 return sasl_handshake_v0(rnd.randint(0, 1000), mechanism)
             if rnd.random() < 0.7:
-                api_key = rnd.choice([METADATA, PRODUCE, LIST_OFFSETS])
+                api_key = rnd.choice([ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.LIST_OFFSETS])
                 cid = rnd.randint(-(2**31), 2**31 - 1)
                 return request_frame(api_key, cid, rnd.getrandbits(64), acks=rnd.choice([0, 1, -1]))
             return bytearray(rnd.choice(request_seeds()).frame)  # any api, any version
@@ -132,7 +130,7 @@ class FuzzHarness:
                 continue
             try:
                 header = parse_request_header(frame)
-                if header.api_key == PRODUCE and produce_acks(frame, header) == 0:
+                if header.api_key == ApiKey.PRODUCE and produce_acks(frame, header) == 0:
                     continue
             except ProtocolError as exc:
                 bad = exc
@@ -158,7 +156,7 @@ class FuzzHarness:
         if self.sasl_raw:
             return b"\x00\x00\x00\x05token"
         header = parse_request_header(frame)
-        if header.api_key == PRODUCE and produce_acks(frame, header) == 0:
+        if header.api_key == ApiKey.PRODUCE and produce_acks(frame, header) == 0:
             return None
         payload = frame[8:12] + answer_body(frame, header)
         return len(payload).to_bytes(4, "big") + payload
@@ -264,7 +262,7 @@ def sasl_handshake_v0(correlation_id: int, mechanism: str) -> bytearray:
 
 def answer_body(frame: bytes | bytearray, header: RequestHeader) -> bytes:
     """What the honest broker answers after the id: a successful SaslHandshake, else an echo."""
-    if header.api_key == SASL_HANDSHAKE and header.api_version == 0:
+    if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
         return b"\x00\x00\x00\x00\x00\x00"  # error code 0, no mechanisms listed
     return bytes(frame[12:])
 

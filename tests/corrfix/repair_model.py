@@ -12,11 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from corrfix.repair import RepairConfig, RepairKind, RepairMachine
-from protocol import parse_request_header, produce_acks
-
-METADATA = 3
-PRODUCE = 0
-API_VERSIONS = 18
+from protocol import ApiKey, parse_request_header, produce_acks
 
 NORMAL, LOSE, DUPLICATE, DELAY, STRAY = "normal", "lose", "duplicate", "delay", "stray"
 
@@ -24,11 +20,11 @@ NORMAL, LOSE, DUPLICATE, DELAY, STRAY = "normal", "lose", "duplicate", "delay", 
 def request_frame(api_key: int, correlation_id: int, token: int, acks: int = 1) -> bytearray:
     """A request with header v1; Produce v3 gets a null transactional id and ``acks``."""
     body = token.to_bytes(8, "big")
-    if api_key == PRODUCE:
+    if api_key == ApiKey.PRODUCE:
         body = b"\xff\xff" + acks.to_bytes(2, "big", signed=True) + body
     payload = (
         api_key.to_bytes(2, "big")
-        + (3 if api_key == PRODUCE else 0).to_bytes(2, "big")
+        + (3 if api_key == ApiKey.PRODUCE else 0).to_bytes(2, "big")
         + correlation_id.to_bytes(4, "big", signed=True)
         + b"\x00\x01c"
         + body
@@ -54,7 +50,7 @@ class ClientRequest:
 
     @property
     def expects_response(self) -> bool:
-        return not (self.api_key == PRODUCE and self.acks == 0)
+        return not (self.api_key == ApiKey.PRODUCE and self.acks == 0)
 
 
 @dataclass
@@ -95,9 +91,9 @@ class Harness:
         frame = self.broker_inbox.popleft()
         header = parse_request_header(frame)
         fate = self.fates.popleft() if self.fates else NORMAL
-        token = 0 if header.api_key == API_VERSIONS else token_of_request(frame)
+        token = 0 if header.api_key == ApiKey.API_VERSIONS else token_of_request(frame)
         answer = response_frame(header.correlation_id, token)
-        if header.api_key == PRODUCE and produce_acks(frame, header) == 0:
+        if header.api_key == ApiKey.PRODUCE and produce_acks(frame, header) == 0:
             if fate == STRAY:
                 self.network.append(answer)
             return

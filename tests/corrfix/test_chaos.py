@@ -20,16 +20,12 @@ from corrfix.chaos import (
     parse_api_key,
     parse_api_keys,
 )
+from protocol import ApiKey
 from protocol.encoding import encode_request, encode_response
-
-PRODUCE = 0
-FETCH = 1
-METADATA = 3
-API_VERSIONS = 18
 
 
 def produce_request(correlation_id: int, acks: int = 1, version: int = 9) -> bytes:
-    cls = protocol.request_class(PRODUCE)
+    cls = protocol.request_class(ApiKey.PRODUCE)
     return encode_request(
         cls[version](transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[]), correlation_id
     )
@@ -44,7 +40,7 @@ def response(correlation_id: int) -> bytes:
 
 
 def metadata_request(correlation_id: int) -> bytes:
-    return encode_request(protocol.request_class(METADATA)[1](topics=None), correlation_id)
+    return encode_request(protocol.request_class(ApiKey.METADATA)[1](topics=None), correlation_id)
 
 
 def exchange(conn, request: bytes, correlation_id: int):
@@ -100,10 +96,10 @@ def test_no_rules_forwards_and_matches_api():
     conn = policy.connection("c1")
     decision = exchange(conn, api_versions_request(7), 7)
     assert decision.action is Action.FORWARD
-    assert (decision.api_key, decision.api_version, decision.correlation_id) == (API_VERSIONS, 0, 7)
+    assert (decision.api_key, decision.api_version, decision.correlation_id) == (ApiKey.API_VERSIONS, 0, 7)
     assert not decision.kill
-    assert policy.counts[API_VERSIONS].responses == 1
-    assert policy.counts[API_VERSIONS].forwarded == 1
+    assert policy.counts[ApiKey.API_VERSIONS].responses == 1
+    assert policy.counts[ApiKey.API_VERSIONS].forwarded == 1
     assert conn.in_flight == 0
 
 
@@ -115,14 +111,14 @@ def test_requests_split_across_chunks_and_responses_out_of_order():
         conn.client_data(data[i : i + 5])
     assert conn.in_flight == 3
     decided = conn.broker_data(response(3) + response(1) + response(2)[:6])
-    assert [(d.correlation_id, d.api_key) for _, d in decided] == [(3, METADATA), (1, PRODUCE)]
+    assert [(d.correlation_id, d.api_key) for _, d in decided] == [(3, ApiKey.METADATA), (1, ApiKey.PRODUCE)]
     [(_, last)] = conn.broker_data(response(2)[6:])
-    assert (last.correlation_id, last.api_key) == (2, API_VERSIONS)
+    assert (last.correlation_id, last.api_key) == (2, ApiKey.API_VERSIONS)
 
 
 @pytest.mark.parametrize("version", [0, 3, 8, 9, 11])
 def test_produce_acks0_is_not_tracked_so_a_reply_is_a_stray(version):
-    policy = ChaosPolicy(ChaosRules(drop_every=1, apis={PRODUCE}))
+    policy = ChaosPolicy(ChaosRules(drop_every=1, apis={ApiKey.PRODUCE}))
     conn = policy.connection()
     conn.client_data(produce_request(5, acks=0, version=version))
     assert conn.in_flight == 0
@@ -135,7 +131,7 @@ def test_produce_acks0_is_not_tracked_so_a_reply_is_a_stray(version):
 def test_acks1_produce_is_tracked():
     policy = ChaosPolicy()
     conn = policy.connection()
-    assert exchange(conn, produce_request(5, acks=-1), 5).api_key == PRODUCE
+    assert exchange(conn, produce_request(5, acks=-1), 5).api_key == ApiKey.PRODUCE
 
 
 def test_unknown_filter_targets_stray_replies():
@@ -167,7 +163,7 @@ def test_tracked_requests_are_bounded():
         conn.request(request)
     assert conn.in_flight == MAX_TRACKED_REQUESTS
     assert conn.response(response(0)).api_key == UNKNOWN_API  # the oldest was forgotten
-    assert conn.response(response(MAX_TRACKED_REQUESTS + 9)).api_key == API_VERSIONS
+    assert conn.response(response(MAX_TRACKED_REQUESTS + 9)).api_key == ApiKey.API_VERSIONS
     conn.close()
     assert conn.in_flight == 0
     assert policy.connections_closed == 1
@@ -186,7 +182,7 @@ def test_sasl_handshake_v0_raw_tokens_pass_untouched():
     assert bytes(frame) == b"\x00\x00\x00\x00"
     assert (token.action, token.api_key) == (Action.FORWARD, SASL_TOKEN_API)
     # Authenticated: normal requests again.
-    assert exchange(conn, api_versions_request(2), 2).api_key == API_VERSIONS
+    assert exchange(conn, api_versions_request(2), 2).api_key == ApiKey.API_VERSIONS
     assert policy.counts[SASL_TOKEN_API].forwarded == 1
     assert policy.total_responses == 2  # the token is not subject to chaos
 
@@ -207,29 +203,33 @@ def test_failed_sasl_handshake_v0_stays_in_kafka_mode():
 @settings(max_examples=60, deadline=None)
 @given(
     every=st.integers(min_value=1, max_value=12),
-    apis=st.lists(st.sampled_from([PRODUCE, API_VERSIONS, METADATA]), max_size=40),
+    apis=st.lists(st.sampled_from([ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA]), max_size=40),
     connections=st.integers(min_value=1, max_value=4),
 )
 def test_drop_every_n_drops_floor_k_over_n_of_matching(every, apis, connections):
-    policy = ChaosPolicy(ChaosRules(drop_every=every, apis={PRODUCE}))
+    policy = ChaosPolicy(ChaosRules(drop_every=every, apis={ApiKey.PRODUCE}))
     conns = [policy.connection() for _ in range(connections)]
     decisions = []
     for i, api in enumerate(apis):
         conn = conns[i % connections]  # interleaved connections share the count
-        request = {PRODUCE: produce_request, API_VERSIONS: api_versions_request, METADATA: metadata_request}
+        request = {
+            ApiKey.PRODUCE: produce_request,
+            ApiKey.API_VERSIONS: api_versions_request,
+            ApiKey.METADATA: metadata_request,
+        }
         decisions.append(exchange(conn, request[api](i), i))
-    matching = [d for d in decisions if d.api_key == PRODUCE]
+    matching = [d for d in decisions if d.api_key == ApiKey.PRODUCE]
     dropped = [d for d in decisions if d.action is Action.DROP]
     assert len(dropped) == len(matching) // every
-    assert all(d.api_key == PRODUCE for d in dropped)
+    assert all(d.api_key == ApiKey.PRODUCE for d in dropped)
     # Exactly the Nth, 2Nth, ... matching responses.
     assert [i + 1 for i, d in enumerate(matching) if d.action is Action.DROP] == list(
         range(every, len(matching) + 1, every)
     )
-    assert policy.counts.get(PRODUCE, ApiCounts()).dropped == len(dropped)
+    assert policy.counts.get(ApiKey.PRODUCE, ApiCounts()).dropped == len(dropped)
 
 
-def decisions_for(rules: ChaosRules, n: int, api: int = API_VERSIONS) -> list:
+def decisions_for(rules: ChaosRules, n: int, api: int = ApiKey.API_VERSIONS) -> list:
     policy = ChaosPolicy(rules)
     return [policy.decide(api, i) for i in range(n)]
 
@@ -267,10 +267,10 @@ def test_draws_do_not_depend_on_which_fault_wins():
 
 
 def test_api_filter_respected_for_every_fault():
-    rules = ChaosRules(drop_every=1, duplicate_every=1, delay_every=1, apis={FETCH})
+    rules = ChaosRules(drop_every=1, duplicate_every=1, delay_every=1, apis={ApiKey.FETCH})
     policy = ChaosPolicy(rules)
-    assert policy.decide(PRODUCE).action is Action.FORWARD
-    assert policy.decide(FETCH).action is Action.DROP  # drop beats duplicate and delay
+    assert policy.decide(ApiKey.PRODUCE).action is Action.FORWARD
+    assert policy.decide(ApiKey.FETCH).action is Action.DROP  # drop beats duplicate and delay
     assert policy.matching_responses == 1
 
 
@@ -294,19 +294,22 @@ def test_precedence_and_independent_counts():
 
 
 def test_kill_every_counts_all_responses_and_ignores_the_filter():
-    policy = ChaosPolicy(ChaosRules(kill_every=3, drop_every=2, apis={PRODUCE}))
-    decisions = [policy.decide(api) for api in [FETCH, PRODUCE, FETCH, PRODUCE, FETCH, FETCH]]
+    policy = ChaosPolicy(ChaosRules(kill_every=3, drop_every=2, apis={ApiKey.PRODUCE}))
+    decisions = [
+        policy.decide(api)
+        for api in [ApiKey.FETCH, ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.FETCH]
+    ]
     assert [d.kill for d in decisions] == [False, False, True, False, False, True]
     assert [d.action for d in decisions][3] is Action.DROP  # 2nd Produce; kill is separate
-    assert policy.counts[FETCH].kills == 2
+    assert policy.counts[ApiKey.FETCH].kills == 2
 
 
 def test_counts_and_summary():
     policy = ChaosPolicy(ChaosRules(drop_every=2, duplicate_every=3, seed=9))
     for _ in range(6):
-        policy.decide(PRODUCE)
+        policy.decide(ApiKey.PRODUCE)
     policy.decide(UNKNOWN_API)
-    produce = policy.counts[PRODUCE]
+    produce = policy.counts[ApiKey.PRODUCE]
     assert (produce.responses, produce.forwarded, produce.dropped, produce.duplicated) == (6, 2, 3, 1)
     text = policy.summary()
     assert "seed 9" in text

@@ -28,18 +28,16 @@ from corrfix.chaos_relay import (
     serve_chaos,
 )
 from corrfix.netutil import parse_host_port
+from protocol import ApiKey
 from protocol.encoding import encode_request, encode_response
 
 LOOPBACK = "127.0.0.1"
-PRODUCE = 0
-METADATA = 3
-API_VERSIONS = 18
 TIMEOUT = 10
 LONG_DELAY = 1000.0
 
 
 def produce_request(correlation_id: int, acks: int = 1) -> bytes:
-    produce = protocol.request_class(PRODUCE)[9]
+    produce = protocol.request_class(ApiKey.PRODUCE)[9]
     request = produce(transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[])
     return encode_request(request, correlation_id)
 
@@ -49,7 +47,7 @@ def api_versions_request(correlation_id: int) -> bytes:
 
 
 def metadata_request(correlation_id: int) -> bytes:
-    return encode_request(protocol.request_class(METADATA)[1](topics=None), correlation_id)
+    return encode_request(protocol.request_class(ApiKey.METADATA)[1](topics=None), correlation_id)
 
 
 class EchoBroker:
@@ -185,13 +183,13 @@ async def test_relays_requests_unchanged_and_reports_port(nursery):
 async def test_drop_every_nth_matching_response(nursery):
     with trio.fail_after(TIMEOUT), capture_logs() as logs:
         broker = await start_broker(nursery)
-        relay = await start_relay(nursery, broker.port, drop_every=3, apis={PRODUCE})
+        relay = await start_relay(nursery, broker.port, drop_every=3, apis={ApiKey.PRODUCE})
         client = await Client.connect(nursery, relay.port)
         await client.send(*(produce_request(i) for i in range(1, 11)), api_versions_request(100))
         assert await client.until(100) == [1, 2, 4, 5, 7, 8, 10, 100]
         assert len(broker.requests) == 11  # requests are never touched
-        assert relay.policy.counts[PRODUCE].dropped == 3
-        assert relay.policy.counts[API_VERSIONS].forwarded == 1
+        assert relay.policy.counts[ApiKey.PRODUCE].dropped == 3
+        assert relay.policy.counts[ApiKey.API_VERSIONS].forwarded == 1
     drops = [entry for entry in logs if entry["event"] == "chaos.drop"]
     assert [entry["correlation_id"] for entry in drops] == [3, 6, 9]
     assert all(entry["api"] == "Produce" and entry["connection"] for entry in drops)
@@ -200,7 +198,7 @@ async def test_drop_every_nth_matching_response(nursery):
 async def test_drop_count_is_shared_across_connections(nursery):
     with trio.fail_after(TIMEOUT):
         broker = await start_broker(nursery)
-        relay = await start_relay(nursery, broker.port, drop_every=2, apis={API_VERSIONS})
+        relay = await start_relay(nursery, broker.port, drop_every=2, apis={ApiKey.API_VERSIONS})
         first = await Client.connect(nursery, relay.port)
         second = await Client.connect(nursery, relay.port)
         for i in range(1, 7):  # alternate connections; a Metadata marker closes each round
@@ -211,17 +209,17 @@ async def test_drop_count_is_shared_across_connections(nursery):
         # per-connection counting, the first connection would have lost its 2nd (id 3).
         assert first.received == [1, 101, 3, 103, 5, 105]
         assert second.received == [102, 104, 106]
-        assert relay.policy.counts[API_VERSIONS].dropped == 3
+        assert relay.policy.counts[ApiKey.API_VERSIONS].dropped == 3
 
 
 async def test_duplicate_every_nth(nursery):
     with trio.fail_after(TIMEOUT):
         broker = await start_broker(nursery)
-        relay = await start_relay(nursery, broker.port, duplicate_every=2, apis={PRODUCE})
+        relay = await start_relay(nursery, broker.port, duplicate_every=2, apis={ApiKey.PRODUCE})
         client = await Client.connect(nursery, relay.port)
         await client.send(*(produce_request(i) for i in range(1, 6)), api_versions_request(100))
         assert await client.until(100) == [1, 2, 2, 3, 4, 4, 5, 100]
-        assert relay.policy.counts[PRODUCE].duplicated == 2
+        assert relay.policy.counts[ApiKey.PRODUCE].duplicated == 2
 
 
 async def test_delay_lets_later_responses_overtake(nursery, mock_clock):
@@ -230,7 +228,7 @@ async def test_delay_lets_later_responses_overtake(nursery, mock_clock):
         with trio.fail_after(TIMEOUT):
             broker = await start_broker(nursery)
             relay = await start_relay(
-                nursery, broker.port, delay_every=1, delay_seconds=LONG_DELAY, apis={METADATA}
+                nursery, broker.port, delay_every=1, delay_seconds=LONG_DELAY, apis={ApiKey.METADATA}
             )
             client = await Client.connect(nursery, relay.port)
             await client.send(metadata_request(1), api_versions_request(2), api_versions_request(3))
@@ -238,7 +236,7 @@ async def test_delay_lets_later_responses_overtake(nursery, mock_clock):
         mock_clock.jump(LONG_DELAY)  # outside fail_after, whose deadline would jump too
         with trio.fail_after(TIMEOUT):
             assert await client.next() == 1
-        assert relay.policy.counts[METADATA].delayed == 1
+        assert relay.policy.counts[ApiKey.METADATA].delayed == 1
     [delay] = [entry for entry in logs if entry["event"] == "chaos.delay"]
     assert (delay["correlation_id"], delay["delay_seconds"], delay["api"]) == (1, LONG_DELAY, "Metadata")
 
@@ -253,7 +251,7 @@ async def test_delay_in_order_holds_the_responses_behind(nursery, mock_clock):
             delay_in_order=True,
             delay_every=1,
             delay_seconds=LONG_DELAY,
-            apis={METADATA},
+            apis={ApiKey.METADATA},
         )
         client = await Client.connect(nursery, relay.port)
         await client.send(metadata_request(1), api_versions_request(2), api_versions_request(3))
@@ -282,19 +280,19 @@ async def test_kill_every_closes_both_sides_after_the_nth_response(nursery):
         again = await Client.connect(nursery, relay.port)
         await again.send(api_versions_request(5))
         assert await again.until(5) == [5]
-        assert relay.policy.counts[API_VERSIONS].kills == 1
+        assert relay.policy.counts[ApiKey.API_VERSIONS].kills == 1
     assert [entry["correlation_id"] for entry in logs if entry["event"] == "chaos.kill"] == [3]
 
 
 async def test_acks0_stray_reply_counts_as_unknown(nursery):
     with trio.fail_after(TIMEOUT):
         broker = await start_broker(nursery, reply_to_acks0=True)
-        relay = await start_relay(nursery, broker.port, drop_every=1, apis={PRODUCE})
+        relay = await start_relay(nursery, broker.port, drop_every=1, apis={ApiKey.PRODUCE})
         client = await Client.connect(nursery, relay.port)
         await client.send(produce_request(1, acks=0), produce_request(2, acks=1), api_versions_request(3))
         assert await client.until(3) == [1, 3]  # the stray is not a Produce response; 2 is
         assert relay.policy.counts[UNKNOWN_API].forwarded == 1
-        assert relay.policy.counts[PRODUCE].dropped == 1
+        assert relay.policy.counts[ApiKey.PRODUCE].dropped == 1
 
 
 async def test_half_close_propagates_both_ways(nursery):

@@ -9,10 +9,9 @@ import pytest
 
 from corrfix.cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.repair import RepairConfig, RepairKind, RepairMachine
+from protocol import ApiKey
 from protocol.api_versions import cap_api_versions, decodable_max_versions
 from protocol.encoding import encode_request
-from protocol.headers import API_VERSIONS_KEY
-from protocol.rewrite import METADATA_KEY
 from protocol.schemas import request_class, response_class
 from tests.protocol.test_api_versions import (
     CONFLUENT_REQUEST,
@@ -70,8 +69,8 @@ def test_a_fixed_librdkafka_gets_the_brokers_answer():
 
 @pytest.mark.parametrize("version", range(3))
 def test_requests_that_name_no_software_are_relayed_as_they_are(version):
-    request = encode_request(request_class(API_VERSIONS_KEY)(version=version), CLIENT_ID)
-    answer = response_class(API_VERSIONS_KEY)(version=version, error_code=0, api_keys=[])
+    request = encode_request(request_class(ApiKey.API_VERSIONS)(version=version), CLIENT_ID)
+    answer = response_class(ApiKey.API_VERSIONS)(version=version, error_code=0, api_keys=[])
     answer.with_header(correlation_id=CLIENT_ID)
     frame = bytes(answer.encode(header=True, framed=True))
     delivered, events = round_trip(RepairMachine(), request, frame)
@@ -80,14 +79,14 @@ def test_requests_that_name_no_software_are_relayed_as_they_are(version):
 
 def kafka_like_answer() -> bytes:
     """An ApiVersions v3 answer as Apache Kafka 3.x sends it: tagged fields with values."""
-    cls = response_class(API_VERSIONS_KEY)
+    cls = response_class(ApiKey.API_VERSIONS)
     answer = cls(
         version=3,
         error_code=0,
         throttle_time_ms=0,
         api_keys=[
-            cls.ApiVersion(version=3, api_key=METADATA_KEY, min_version=0, max_version=12),
-            cls.ApiVersion(version=3, api_key=API_VERSIONS_KEY, min_version=0, max_version=3),
+            cls.ApiVersion(version=3, api_key=ApiKey.METADATA, min_version=0, max_version=12),
+            cls.ApiVersion(version=3, api_key=ApiKey.API_VERSIONS, min_version=0, max_version=3),
         ],
         supported_features=[
             cls.SupportedFeatureKey(version=3, name="metadata.version", min_version=1, max_version=20)
@@ -111,21 +110,21 @@ def capping(caps: dict[int, int]):
 
 
 def test_the_cap_and_the_compat_repair_both_apply():
-    caps = {**decodable_max_versions(), METADATA_KEY: 4}
+    caps = {**decodable_max_versions(), ApiKey.METADATA: 4}
     delivered, events = round_trip(RepairMachine(transform=capping(caps)), answer=kafka_like_answer())
     assert [e.kind for e in events] == [RepairKind.CLIENT_COMPAT]
     assert "SupportedFeatures, FinalizedFeaturesEpoch, FinalizedFeatures for" in events[0].reason
-    assert librdkafka_reads(delivered, fixed=False) == [(METADATA_KEY, 0, 4), (API_VERSIONS_KEY, 0, 3)]
-    assert not response_class(API_VERSIONS_KEY).decode(delivered, version=3, header=True, framed=True).tags
+    assert librdkafka_reads(delivered, fixed=False) == [(ApiKey.METADATA, 0, 4), (ApiKey.API_VERSIONS, 0, 3)]
+    assert not response_class(ApiKey.API_VERSIONS).decode(delivered, version=3, header=True, framed=True).tags
 
 
 def test_a_cap_that_re_encodes_tansus_answer_leaves_nothing_to_repair():
     """kafka-python writes only tagged fields that differ from their default, and Tansu's are
     all defaults: an answer the cap changed already reads fine, so nothing is counted."""
-    caps = {**decodable_max_versions(), METADATA_KEY: 4}
+    caps = {**decodable_max_versions(), ApiKey.METADATA: 4}
     delivered, events = round_trip(RepairMachine(transform=capping(caps)))
     assert events == []
-    assert dict((k, (lo, hi)) for k, lo, hi in librdkafka_reads(delivered, fixed=False))[METADATA_KEY] == (
+    assert dict((k, (lo, hi)) for k, lo, hi in librdkafka_reads(delivered, fixed=False))[ApiKey.METADATA] == (
         0,
         4,
     )
@@ -134,10 +133,10 @@ def test_a_cap_that_re_encodes_tansus_answer_leaves_nothing_to_repair():
 def test_other_requests_on_a_compat_connection_are_untouched():
     machine = RepairMachine()
     round_trip(machine)
-    metadata = encode_request(request_class(METADATA_KEY)(version=4, topics=None), 2)
+    metadata = encode_request(request_class(ApiKey.METADATA)(version=4, topics=None), 2)
     sent = machine.client_frames([bytearray(metadata)], now=1.0)
     (upstream,) = sent.to_upstream
-    answer = response_class(METADATA_KEY)(version=4, brokers=[], topics=[])
+    answer = response_class(ApiKey.METADATA)(version=4, brokers=[], topics=[])
     answer.with_header(correlation_id=int.from_bytes(upstream[8:12], "big"))
     got = machine.upstream_frames([bytearray(answer.encode(header=True, framed=True))], now=1.001)
     assert got.events == [] and len(got.to_client) == 1

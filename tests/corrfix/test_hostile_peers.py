@@ -33,13 +33,12 @@ from corrfix.launch import CorrfixProcess
 from corrfix.netutil import LOOPBACK, free_port
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
-from protocol import FrameDecoder, parse_request_header
+from protocol import ApiKey, FrameDecoder, parse_request_header
 from protocol.framing import frame
 from tests.corrfix.repair_model import request_frame
-from tests.fake_broker import API_VERSIONS, answers, api_versions_answer, echo_answer, read_frames
+from tests.fake_broker import answers, api_versions_answer, echo_answer, read_frames
 
 # Answers from the echo broker are not real Kafka bodies: use an api key corrfix never decodes.
-LIST_OFFSETS = 2
 MAX_FRAME = 1024 * 1024
 FRAME_TIMEOUT = 0.5
 REQUEST_DEADLINE = 1.0
@@ -61,7 +60,7 @@ async def echo(broker: ScriptedBroker, stream: trio.SocketStream) -> None:
         out = bytearray()
         for request in decoder.feed(data):
             header = parse_request_header(request)
-            if header.api_key == API_VERSIONS:  # the proxy's own probe
+            if header.api_key == ApiKey.API_VERSIONS:  # the proxy's own probe
                 out += api_versions_answer(header.correlation_id, header.api_version)
             else:
                 broker.requests += 1
@@ -76,7 +75,7 @@ async def silent(broker: ScriptedBroker, stream: trio.SocketStream) -> None:
     decoder = FrameDecoder()
     while data := await stream.receive_some(65536):
         frames = decoder.feed(data)
-        broker.requests += sum(parse_request_header(f).api_key != API_VERSIONS for f in frames)
+        broker.requests += sum(parse_request_header(f).api_key != ApiKey.API_VERSIONS for f in frames)
 
 
 async def deaf(broker: ScriptedBroker, stream: trio.SocketStream) -> None:
@@ -92,7 +91,7 @@ async def half_answer(broker: ScriptedBroker, stream: trio.SocketStream) -> None
     sent = False
     while data := await stream.receive_some(65536):
         for request in decoder.feed(data):
-            if not sent and parse_request_header(request).api_key != API_VERSIONS:
+            if not sent and parse_request_header(request).api_key != ApiKey.API_VERSIONS:
                 broker.requests += 1
                 answer = echo_answer(request, parse_request_header(request).body_offset or 0)
                 await stream.send_all(answer[: len(answer) // 2])
@@ -159,7 +158,7 @@ class Bystander:
     async def round_trip(self, pipelined: int = 3) -> None:
         ids = list(range(self.next_id, self.next_id + pipelined))
         self.next_id += pipelined
-        await self.stream.send_all(b"".join(request_frame(LIST_OFFSETS, cid, cid * 31) for cid in ids))
+        await self.stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, cid, cid * 31) for cid in ids))
         assert answers(await read_frames(self.stream, pipelined)) == [(cid, cid * 31) for cid in ids]
 
 
@@ -312,7 +311,7 @@ async def test_frame_size_of_minus_one_and_int32_max(size, reason):
 
 @pytest.mark.parametrize("cut", [2, 7, 20], ids=["inside-size", "inside-header", "inside-body"])
 async def test_half_a_frame_then_a_stall(cut):
-    whole = request_frame(LIST_OFFSETS, 9, 9)
+    whole = request_frame(ApiKey.LIST_OFFSETS, 9, 9)
     assert cut < len(whole)
     await hostile_client_is_closed(bytes(whole[:cut]), f"request frame incomplete for {FRAME_TIMEOUT:g}s")
 
@@ -358,8 +357,8 @@ async def test_a_thousand_connections_opened_and_dropped():
     gets a "connection closed" line, and the proxy ends up tracking the bystander alone."""
     total, wave = 1000, 100
     async with scene() as s:
-        half = bytes(request_frame(LIST_OFFSETS, 1, 1)[:9])
-        whole = bytes(request_frame(LIST_OFFSETS, 2, 2))
+        half = bytes(request_frame(ApiKey.LIST_OFFSETS, 1, 1)[:9])
+        whole = bytes(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
 
         async def drop(kind: int) -> None:
             stream = await s.connect()
@@ -394,7 +393,7 @@ async def test_a_thousand_connections_opened_and_dropped():
 
 def big_request(correlation_id: int, size: int) -> bytes:
     """A ListOffsets-keyed request padded to ``size`` bytes (the proxy reads only its header)."""
-    small = request_frame(LIST_OFFSETS, correlation_id, correlation_id)
+    small = request_frame(ApiKey.LIST_OFFSETS, correlation_id, correlation_id)
     padded = small[:-8] + bytes(size - len(small)) + small[-8:]
     padded[:4] = (len(padded) - 4).to_bytes(4, "big")
     return bytes(padded)
@@ -409,7 +408,7 @@ async def test_a_broker_that_accepts_and_never_answers(behaviour):
     async with scene(broker) as s:
         client = await s.connect()
         peer = local_name(client)
-        await client.send_all(request_frame(LIST_OFFSETS, 5, 5))
+        await client.send_all(request_frame(ApiKey.LIST_OFFSETS, 5, 5))
         await broker.hostile_connected.wait()
         await s.bystander.round_trip()  # served by its own, healthy, upstream connection
         assert await closed_by_proxy(client) == b""
@@ -463,7 +462,9 @@ async def test_a_broker_that_closes_mid_response(reset):
     async with scene(broker) as s:
         client = await s.connect()
         peer = local_name(client)
-        await client.send_all(request_frame(LIST_OFFSETS, 1, 11) + request_frame(LIST_OFFSETS, 2, 22))
+        await client.send_all(
+            request_frame(ApiKey.LIST_OFFSETS, 1, 11) + request_frame(ApiKey.LIST_OFFSETS, 2, 22)
+        )
         await s.bystander.round_trip()
         received = await closed_by_proxy(client)
         await s.settled()

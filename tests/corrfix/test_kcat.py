@@ -28,8 +28,8 @@ from corrfix.metrics import ProxyMetrics
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig, RepairKind
 from corrfix.tansu import TANSU_NODE_ID, TansuBroker
+from protocol import ApiKey
 from protocol.api_versions import LIBRDKAFKA_TAG_SKIP_FIXED
-from protocol.headers import API_VERSIONS_KEY
 
 pytestmark = pytest.mark.broker
 
@@ -167,7 +167,7 @@ async def test_kcat_lists_produces_and_consumes_through_corrfix(kcat, tansu):
     assert len(rows) == repairs[COMPAT]
     version = ".".join(map(str, kcat.librdkafka))
     for row in rows:
-        assert row["api_key"] == API_VERSIONS_KEY
+        assert row["api_key"] == ApiKey.API_VERSIONS
         assert row["client_correlation_id"] is not None and row["upstream_correlation_id"] is not None
         assert f"for librdkafka {version}," in row["reason"]
     assert {row[EVENT] for row in stack.rows if row[EVENT]} <= {COMPAT, "stale_drop", "probe_sent"}

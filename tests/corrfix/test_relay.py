@@ -10,14 +10,12 @@ from structlog.testing import capture_logs
 from corrfix.metrics import ProxyMetrics
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
-from protocol import FrameDecoder
-from tests.corrfix.repair_model import PRODUCE, request_frame
+from protocol import ApiKey, FrameDecoder
+from tests.corrfix.repair_model import request_frame
 from tests.fake_broker import FakeBroker, answers, echo_answer, read_frames
 
 # Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
 # corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
-LIST_OFFSETS = 2
-
 FAST_REPAIR = RepairConfig(probe_after=0.2, probe_min=0.01)
 
 
@@ -41,7 +39,7 @@ async def test_relays_in_order_with_client_ids_restored():
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             ids = [1000 + i for i in range(50)]
-            await stream.send_all(b"".join(request_frame(LIST_OFFSETS, cid, cid * 7) for cid in ids))
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, cid, cid * 7) for cid in ids))
             got = answers(await read_frames(stream, len(ids)))
         assert got == [(cid, cid * 7) for cid in ids]
         assert [cid for _, cid in broker.requests] == list(range(50))
@@ -61,7 +59,7 @@ async def test_lost_and_duplicated_answers_are_repaired():
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             got: list[tuple[int, int]] = []
             for cid in range(20):  # one in flight: only probes can find these losses
-                await stream.send_all(request_frame(LIST_OFFSETS, cid, cid + 100))
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid + 100))
                 got += answers(await read_frames(stream, 1))
         assert got == [(cid, cid + 100) for cid in range(20)]
         assert proxy.stats.repairs["probe_found_loss"] >= 2
@@ -75,8 +73,8 @@ async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped():
         proxy, port = await start_pair(nursery, broker)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            frames = [request_frame(PRODUCE, i, i, acks=0) for i in range(10)]
-            frames.append(request_frame(LIST_OFFSETS, 99, 99))
+            frames = [request_frame(ApiKey.PRODUCE, i, i, acks=0) for i in range(10)]
+            frames.append(request_frame(ApiKey.LIST_OFFSETS, 99, 99))
             await stream.send_all(b"".join(frames))
             got = answers(await read_frames(stream, 1))
         assert got == [(99, 99)]
@@ -91,7 +89,7 @@ async def test_client_half_close_still_gets_every_answer():
         _, port = await start_pair(nursery, broker)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"".join(request_frame(LIST_OFFSETS, i, i) for i in range(5)))
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
             await stream.send_eof()
             got = answers(await read_frames(stream, 6))
         assert got == [(i, i) for i in range(5)]
@@ -117,7 +115,7 @@ async def test_upstream_closing_mid_stream_closes_the_client():
         _, port = await start_pair(nursery, broker)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"".join(request_frame(LIST_OFFSETS, i, i) for i in range(5)))
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
             got = answers(await read_frames(stream, 5))
         assert got == [(0, 0), (1, 1)]
         nursery.cancel_scope.cancel()
@@ -138,7 +136,7 @@ async def test_bad_input_closes_only_that_connection():
                 bad = await trio.open_tcp_stream("127.0.0.1", port)
                 await bad.send_all(garbage)
                 assert await bad.receive_some(100) == b""
-            await good.send_all(request_frame(LIST_OFFSETS, 5, 5))
+            await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 5, 5))
             assert answers(await read_frames(good, 1)) == [(5, 5)]
         nursery.cancel_scope.cancel()
 
@@ -156,7 +154,7 @@ async def test_metrics_count_requests_answers_repairs_and_bytes():
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             for cid in range(3):
-                await stream.send_all(request_frame(LIST_OFFSETS, cid, cid))
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
                 await read_frames(stream, 1)
         text = generate_latest(metrics.registry).decode()
         nursery.cancel_scope.cancel()
@@ -195,7 +193,7 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
         port = (await nursery.start(serve))[0].port
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(request_frame(LIST_OFFSETS, 41, 41))
+            await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 41, 41))
             await received.wait()
             proxy.drain(timeout=10)
             try:
@@ -219,7 +217,7 @@ async def test_idle_connections_are_closed():
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(request_frame(LIST_OFFSETS, 1, 1))
+            await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
             assert answers(await read_frames(stream, 1)) == [(1, 1)]
             assert await stream.receive_some(100) == b""  # closed once idle
         nursery.cancel_scope.cancel()
@@ -233,7 +231,7 @@ async def test_connections_beyond_the_maximum_are_refused_with_a_log_line():
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10), capture_logs() as logs:
             first = await trio.open_tcp_stream("127.0.0.1", port)
-            await first.send_all(request_frame(LIST_OFFSETS, 1, 1))
+            await first.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
             assert answers(await read_frames(first, 1)) == [(1, 1)]
             second = await trio.open_tcp_stream("127.0.0.1", port)
             assert await second.receive_some(100) == b""
@@ -266,10 +264,10 @@ async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10), capture_logs() as logs:
             stalled = await trio.open_tcp_stream("127.0.0.1", port)
-            frame = request_frame(LIST_OFFSETS, 1, 1)
+            frame = request_frame(ApiKey.LIST_OFFSETS, 1, 1)
             await stalled.send_all(frame[:7])  # half a frame, then nothing
             good = await trio.open_tcp_stream("127.0.0.1", port)
-            await good.send_all(request_frame(LIST_OFFSETS, 2, 2))
+            await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
             assert answers(await read_frames(good, 1)) == [(2, 2)]
             assert await stalled.receive_some(100) == b""
         nursery.cancel_scope.cancel()
@@ -278,7 +276,7 @@ async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
 
 def big_request(correlation_id: int, body: bytes) -> bytes:
     """A ListOffsets v0 frame (header v1, client id "c") with ``body`` after the header."""
-    payload = LIST_OFFSETS.to_bytes(2, "big") + (0).to_bytes(2, "big")
+    payload = ApiKey.LIST_OFFSETS.to_bytes(2, "big") + (0).to_bytes(2, "big")
     payload += correlation_id.to_bytes(4, "big") + b"\x00\x01c" + body
     return len(payload).to_bytes(4, "big") + payload
 

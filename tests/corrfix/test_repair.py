@@ -11,14 +11,13 @@ from hypothesis import strategies as st
 from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 from corrfix.repair import MAX_CORRELATION_ID, RepairConfig, RepairKind, RepairMachine
+from protocol import ApiKey
 from protocol.encoding import encode_request, encode_response
 from tests.corrfix.repair_model import (
     DELAY,
     DUPLICATE,
     LOSE,
-    METADATA,
     NORMAL,
-    PRODUCE,
     STRAY,
     ClientRequest,
     Harness,
@@ -32,7 +31,7 @@ CONFIG = RepairConfig(probe_after=1.0, probe_min=0.02, max_requeues=3, request_d
 client_requests = st.lists(
     st.builds(
         ClientRequest,
-        api_key=st.sampled_from([METADATA, PRODUCE]),
+        api_key=st.sampled_from([ApiKey.METADATA, ApiKey.PRODUCE]),
         correlation_id=st.integers(-(2**31), 2**31 - 1),
         token=st.integers(0, 2**64 - 1),
         acks=st.sampled_from([0, 1, -1]),
@@ -108,7 +107,9 @@ def test_a_few_faults_are_always_repaired(requests, script, data):
 
 def test_ids_are_owned_upstream_and_restored_for_the_client():
     machine = RepairMachine(CONFIG)
-    actions = machine.client_frames([request_frame(METADATA, 500, 1), request_frame(METADATA, -7, 2)], 0.0)
+    actions = machine.client_frames(
+        [request_frame(ApiKey.METADATA, 500, 1), request_frame(ApiKey.METADATA, -7, 2)], 0.0
+    )
     assert [int.from_bytes(f[8:12], "big") for f in actions.to_upstream] == [0, 1]
     delivered = machine.upstream_frames([response_frame(0, 1), response_frame(1, 2)], 0.01).to_client
     assert [int.from_bytes(f[4:8], "big", signed=True) for f in delivered] == [500, -7]
@@ -116,7 +117,7 @@ def test_ids_are_owned_upstream_and_restored_for_the_client():
 
 def test_skip_ahead_requeues_the_skipped_request_and_holds_the_later_answer():
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 10, 1), request_frame(METADATA, 11, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 10, 1), request_frame(ApiKey.METADATA, 11, 2)], 0.0)
     actions = machine.upstream_frames([response_frame(1, 2)], 0.01)
     assert actions.to_client == []
     assert [int.from_bytes(f[8:12], "big") for f in actions.to_upstream] == [2]
@@ -131,21 +132,23 @@ def test_skip_ahead_requeues_the_skipped_request_and_holds_the_later_answer():
 
 def test_reply_to_acks0_produce_is_dropped_and_proves_older_loss():
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 1, 1), request_frame(PRODUCE, 2, 2, acks=0)], 0.0)
+    machine.client_frames(
+        [request_frame(ApiKey.METADATA, 1, 1), request_frame(ApiKey.PRODUCE, 2, 2, acks=0)], 0.0
+    )
     actions = machine.upstream_frames([response_frame(1, 2)], 0.01)
     assert actions.to_client == []
     kinds = [e.kind for e in actions.events]
     assert kinds == [RepairKind.STALE_DROP, RepairKind.SKIP_DETECTED, RepairKind.REQUEUE]
     # With nothing older outstanding, a stray reply is simply dropped.
     machine2 = RepairMachine(CONFIG)
-    machine2.client_frames([request_frame(PRODUCE, 5, 5, acks=0)], 0.0)
+    machine2.client_frames([request_frame(ApiKey.PRODUCE, 5, 5, acks=0)], 0.0)
     actions2 = machine2.upstream_frames([response_frame(0, 5)], 0.01)
     assert actions2.to_client == [] and [e.kind for e in actions2.events] == [RepairKind.STALE_DROP]
 
 
 def test_probe_finds_a_lost_answer_with_one_request_in_flight():
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 9, 1)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 9, 1)], 0.0)
     assert machine.next_deadline() == pytest.approx(CONFIG.probe_after)
     assert machine.tick(0.5).to_upstream == []
     probe = machine.tick(CONFIG.probe_after).to_upstream
@@ -165,14 +168,14 @@ def test_no_probe_before_the_first_request_past_the_sasl_preamble():
     machine.client_frames([request_frame(18, 1, 0)], 0.0)
     assert machine.next_deadline() == pytest.approx(CONFIG.request_deadline)  # only the give-up
     assert machine.tick(10 * CONFIG.probe_after).to_upstream == []
-    machine.client_frames([request_frame(METADATA, 2, 1)], 11 * CONFIG.probe_after)
+    machine.client_frames([request_frame(ApiKey.METADATA, 2, 1)], 11 * CONFIG.probe_after)
     assert machine.next_deadline() < CONFIG.request_deadline  # a probe is due again
 
 
 def test_a_lost_probe_answer_is_counted_but_not_resent():
     """Every answer the link loses is accounted for, the probe's own included."""
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 9, 1)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 9, 1)], 0.0)
     first_probe = machine.tick(CONFIG.probe_after).to_upstream[0]
     first_probe_id = int.from_bytes(first_probe[8:12], "big")
     second_probe = machine.tick(10 * CONFIG.probe_after).to_upstream[0]
@@ -180,7 +183,10 @@ def test_a_lost_probe_answer_is_counted_but_not_resent():
     # The request's and the first probe's answers were lost; the second probe's arrives.
     actions = machine.upstream_frames([response_frame(second_probe_id, 0)], 10.01 * CONFIG.probe_after)
     skips = [e for e in actions.events if e.kind == RepairKind.SKIP_DETECTED]
-    assert [(e.api_key, e.upstream_correlation_id) for e in skips] == [(METADATA, 0), (18, first_probe_id)]
+    assert [(e.api_key, e.upstream_correlation_id) for e in skips] == [
+        (ApiKey.METADATA, 0),
+        (18, first_probe_id),
+    ]
     assert len(actions.to_upstream) == 1  # only the request is re-sent
 
 
@@ -188,7 +194,7 @@ def test_no_probe_while_nothing_is_owed_to_the_client():
     """A probe outlived the slow answer it was sent for: probing again could only find the
     probe's own answer lost, and after a client leaves it would follow the broker's EOF."""
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 9, 1)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 9, 1)], 0.0)
     assert len(machine.tick(CONFIG.probe_after).to_upstream) == 1
     delivered = machine.upstream_frames([response_frame(0, 1)], CONFIG.probe_after + 0.001).to_client
     assert len(delivered) == 1 and machine.outstanding == 0
@@ -200,10 +206,10 @@ def test_probe_timeout_adapts_to_observed_latency():
     machine = RepairMachine(CONFIG)
     now = 0.0
     for i in range(20):
-        machine.client_frames([request_frame(METADATA, i, i)], now)
+        machine.client_frames([request_frame(ApiKey.METADATA, i, i)], now)
         machine.upstream_frames([response_frame(i, i)], now + 0.002)
         now += 0.01
-    machine.client_frames([request_frame(METADATA, 99, 99)], now)
+    machine.client_frames([request_frame(ApiKey.METADATA, 99, 99)], now)
     deadline = machine.next_deadline()
     assert deadline is not None
     assert deadline - now == pytest.approx(CONFIG.probe_min, abs=0.01)
@@ -212,10 +218,10 @@ def test_probe_timeout_adapts_to_observed_latency():
 def test_give_up_after_max_requeues_closes_the_client():
     config = RepairConfig(max_requeues=1)
     machine = RepairMachine(config)
-    machine.client_frames([request_frame(METADATA, 1, 1), request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     first = machine.upstream_frames([response_frame(1, 2)], 0.0)  # answer to 0 skipped
     resent = int.from_bytes(first.to_upstream[0][8:12], "big")
-    machine.client_frames([request_frame(METADATA, 3, 3)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 3, 3)], 0.0)
     third_id = resent + 1
     actions = machine.upstream_frames([response_frame(third_id, 3)], 0.0)
     assert actions.close is not None and "gave up" in actions.close
@@ -225,7 +231,7 @@ def test_give_up_after_max_requeues_closes_the_client():
 
 def test_disconnect_policy_refuses_to_resend_a_non_idempotent_produce():
     machine = RepairMachine(RepairConfig(produce_policy="disconnect"))
-    machine.client_frames([request_frame(PRODUCE, 1, 1), request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.PRODUCE, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     actions = machine.upstream_frames([response_frame(1, 2)], 0.0)
     assert actions.to_upstream == []
     assert actions.close is not None and "non-idempotent" in actions.close
@@ -233,7 +239,7 @@ def test_disconnect_policy_refuses_to_resend_a_non_idempotent_produce():
 
 def test_requeue_policy_flags_a_possible_duplicate():
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(PRODUCE, 1, 1), request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.PRODUCE, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     actions = machine.upstream_frames([response_frame(1, 2)], 0.0)
     assert RepairKind.POSSIBLE_DUPLICATE in [e.kind for e in actions.events]
 
@@ -243,7 +249,7 @@ def test_upstream_close_flags_unanswered_non_idempotent_produces(producer_id):
     """The client re-sends after the disconnect; only a producer id lets the broker de-duplicate."""
     machine = RepairMachine(CONFIG)
     produce, _ = produce_frame(7, topics=[[record_batch(producer_id)]])
-    machine.client_frames([produce, request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([produce, request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     actions = machine.upstream_closed()
     flagged = [e for e in actions.events if e.kind is RepairKind.POSSIBLE_DUPLICATE]
     assert actions.close is not None
@@ -252,9 +258,9 @@ def test_upstream_close_flags_unanswered_non_idempotent_produces(producer_id):
 
 def test_backpressure_at_max_outstanding_and_held_bytes():
     machine = RepairMachine(RepairConfig(max_outstanding=3, max_held_bytes=40))
-    machine.client_frames([request_frame(METADATA, i, i) for i in range(2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, i, i) for i in range(2)], 0.0)
     assert machine.accepting_requests
-    machine.client_frames([request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     assert not machine.accepting_requests
     machine.upstream_frames([response_frame(0, 0)], 0.0)
     assert machine.accepting_requests
@@ -267,7 +273,7 @@ def test_backpressure_at_max_outstanding_and_held_bytes():
 
 def test_request_deadline_gives_up():
     machine = RepairMachine(RepairConfig(request_deadline=5.0, max_probes_outstanding=1))
-    machine.client_frames([request_frame(METADATA, 1, 1)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 1, 1)], 0.0)
     machine.tick(1.0)  # probe sent, its answer never comes
     assert machine.next_deadline() == pytest.approx(5.0)
     actions = machine.tick(5.0)
@@ -276,7 +282,7 @@ def test_request_deadline_gives_up():
 
 def test_upstream_close_closes_the_client_after_delivering_what_it_can():
     machine = RepairMachine(CONFIG)
-    machine.client_frames([request_frame(METADATA, 1, 1), request_frame(METADATA, 2, 2)], 0.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
     machine.upstream_frames([response_frame(0, 1)], 0.0)
     actions = machine.upstream_closed()
     assert actions.close == "upstream closed with 1 requests unanswered"
@@ -287,7 +293,9 @@ def test_upstream_ids_wrap_at_int32_and_skip_ids_in_use():
     machine._next_upstream_id = MAX_CORRELATION_ID
     ids = [
         int.from_bytes(f[8:12], "big")
-        for f in machine.client_frames([request_frame(METADATA, i, i) for i in range(3)], 0.0).to_upstream
+        for f in machine.client_frames(
+            [request_frame(ApiKey.METADATA, i, i) for i in range(3)], 0.0
+        ).to_upstream
     ]
     assert ids == [MAX_CORRELATION_ID, 0, 1]
 
@@ -318,7 +326,7 @@ def test_sasl_v0_tokens_pass_untouched_then_tracking_resumes(mechanism, rounds):
         reply = raw(b"server-token-%d" % i)
         assert machine.upstream_frames([reply], 0.03).to_client == [reply]
     assert not machine.raw_mode
-    sent = machine.client_frames([request_frame(METADATA, 8, 8)], 0.04).to_upstream
+    sent = machine.client_frames([request_frame(ApiKey.METADATA, 8, 8)], 0.04).to_upstream
     assert int.from_bytes(sent[0][8:12], "big") == 1  # tracked again, with a proxy id
     assert machine.upstream_frames([response_frame(1, 8)], 0.05).to_client[0][4:8] == (8).to_bytes(4, "big")
 

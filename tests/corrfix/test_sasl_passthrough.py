@@ -24,18 +24,10 @@ import trio
 from kafka.net.sasl.scram import ScramClient
 
 from corrfix.repair import PROBE_CLIENT_ID, RepairConfig
+from protocol import ApiKey
 from protocol.schemas import request_class
 from tests.cluster_harness import RawClient, Stack, in_thread, start_stack
-from tests.fake_cluster import (
-    API_VERSIONS,
-    METADATA,
-    SASL_AUTHENTICATE,
-    SASL_HANDSHAKE,
-    RawToken,
-    Received,
-    SaslSettings,
-    gssapi_reply,
-)
+from tests.fake_cluster import SASL_AUTHENTICATE, RawToken, Received, SaslSettings, gssapi_reply
 
 USER, PASSWORD = "alice", "alice-secret"
 TOPIC = "secured"
@@ -46,10 +38,10 @@ PROBE = PROBE_CLIENT_ID.decode()
 EAGER_PROBES = RepairConfig(probe_after=0.05, probe_min=0.01)
 SLOW_AUTHENTICATOR = 0.3
 
-ApiVersionsRequest = request_class(API_VERSIONS)
-SaslHandshakeRequest = request_class(SASL_HANDSHAKE)
+ApiVersionsRequest = request_class(ApiKey.API_VERSIONS)
+SaslHandshakeRequest = request_class(ApiKey.SASL_HANDSHAKE)
 SaslAuthenticateRequest = request_class(SASL_AUTHENTICATE)
-MetadataRequest = request_class(METADATA)
+MetadataRequest = request_class(ApiKey.METADATA)
 
 
 def plain_token(user: str = USER, password: str = PASSWORD) -> bytes:
@@ -118,7 +110,7 @@ async def test_sasl_authenticate_is_tracked_with_ids_rewritten(mechanism, versio
                 ApiVersionsRequest(version=3, client_software_name="raw", client_software_version="1")
             )
             ranges = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
-            assert ranges[SASL_HANDSHAKE] == (0, 1)
+            assert ranges[ApiKey.SASL_HANDSHAKE] == (0, 1)
             assert ranges[SASL_AUTHENTICATE] == (0, 2)
             await authenticate_v1(client, mechanism, version)
             metadata = await client.call(metadata_request())
@@ -129,7 +121,9 @@ async def test_sasl_authenticate_is_tracked_with_ids_rewritten(mechanism, versio
     assert connection.authenticated_as == USER
     assert broker.sasl_violations == []
     rounds = 1 if mechanism == "PLAIN" else 2
-    expected_keys = [API_VERSIONS, SASL_HANDSHAKE] + [SASL_AUTHENTICATE] * rounds + [METADATA]
+    expected_keys = (
+        [ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE] + [SASL_AUTHENTICATE] * rounds + [ApiKey.METADATA]
+    )
     requests = connection.requests
     assert [r.api_key for r in requests] == expected_keys
     assert all(r.api_version == version for r in requests if r.api_key == SASL_AUTHENTICATE)
@@ -193,7 +187,7 @@ async def test_sasl_v0_tokens_pass_untouched_without_probes_then_tracking_resume
             versions = await probe.call(ApiVersionsRequest(version=0))
             await probe.aclose()
             ranges = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
-            assert ranges[SASL_HANDSHAKE] == (0, 0)
+            assert ranges[ApiKey.SASL_HANDSHAKE] == (0, 0)
             assert SASL_AUTHENTICATE not in ranges
 
             client = await RawClient.connect(stack.port, first_id=500)
@@ -209,7 +203,7 @@ async def test_sasl_v0_tokens_pass_untouched_without_probes_then_tracking_resume
     broker = stack.cluster.brokers[1]
     assert broker.sasl_violations == []
     first, connection = broker.connections
-    assert [r.api_key for r in first.requests] == [API_VERSIONS]
+    assert [r.api_key for r in first.requests] == [ApiKey.API_VERSIONS]
     assert connection.authenticated_as == USER
     # Byte for byte, both ways.
     assert connection.raw_tokens == sent
@@ -220,9 +214,13 @@ async def test_sasl_v0_tokens_pass_untouched_without_probes_then_tracking_resume
     assert [type(item) for item in items] == [Received] + [RawToken] * len(sent) + [Received, Received]
     assert not any(isinstance(i, Received) and i.client_id == PROBE for i in items[: 1 + len(sent)])
     handshake, *_, after_metadata, after_versions = items
-    assert (handshake.api_key, handshake.api_version, handshake.correlation_id) == (SASL_HANDSHAKE, 0, 0)
-    assert (after_metadata.api_key, after_metadata.correlation_id) == (METADATA, 1)
-    assert (after_versions.api_key, after_versions.correlation_id) == (API_VERSIONS, 2)
+    assert (handshake.api_key, handshake.api_version, handshake.correlation_id) == (
+        ApiKey.SASL_HANDSHAKE,
+        0,
+        0,
+    )
+    assert (after_metadata.api_key, after_metadata.correlation_id) == (ApiKey.METADATA, 1)
+    assert (after_versions.api_key, after_versions.correlation_id) == (ApiKey.API_VERSIONS, 2)
     assert (metadata_id, versions_id) == (507, 514)  # the ids the client got back
     assert [(b.node_id, b.port) for b in metadata.brokers] == [(1, stack.router.listener_ports[1])]
     assert again.error_code == 0
@@ -253,7 +251,11 @@ async def test_sasl_v0_gssapi_stays_a_plain_relay():
     handshake_seen, *_, after = connection.received
     assert handshake_seen.correlation_id == 0  # tracked: corrfix's id
     # After the exchange: the client's own id reached the broker (no rewriting) ...
-    assert (after.api_key, after.correlation_id, after.client_id) == (API_VERSIONS, versions_id, "raw-client")
+    assert (after.api_key, after.correlation_id, after.client_id) == (
+        ApiKey.API_VERSIONS,
+        versions_id,
+        "raw-client",
+    )
     # ... and the broker's answer came back as it was sent, with that id.
     assert int.from_bytes(raw_answer[4:8], "big") == versions_id == 4249
     assert broker.sasl_violations == []
@@ -334,7 +336,7 @@ async def test_real_clients_authenticate_every_connection_through_corrfix(client
         assert broker.sasl_violations == []
         for connection in broker.connections:
             assert connection.authenticated_as == USER
-            handshakes = [r.api_version for r in connection.requests if r.api_key == SASL_HANDSHAKE]
+            handshakes = [r.api_version for r in connection.requests if r.api_key == ApiKey.SASL_HANDSHAKE]
             assert handshakes == [handshake]
             if handshake == 0:
                 assert len(connection.raw_tokens) == (1 if mechanism == "PLAIN" else 2)

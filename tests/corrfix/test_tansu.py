@@ -24,8 +24,7 @@ from corrfix.tansu import (
     TansuStartError,
     find_tansu_binary,
 )
-
-PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
+from protocol import ApiKey
 
 
 def _process_gone(pid: int) -> bool:
@@ -78,9 +77,9 @@ def test_starts_answers_and_stops():
         assert broker.bootstrap == f"127.0.0.1:{broker.port}"
         assert broker.advertised == broker.bootstrap
         versions = clients.api_versions(broker.bootstrap)
-        for key in (PRODUCE, FETCH, METADATA, API_VERSIONS):
+        for key in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.API_VERSIONS):
             assert key in versions
-        assert versions[PRODUCE][1] >= 9
+        assert versions[ApiKey.PRODUCE][1] >= 9
         pid = broker.pid
     assert not broker.running
     assert broker.returncode == 0  # SIGTERM is a clean shutdown for Tansu

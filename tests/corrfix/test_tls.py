@@ -22,9 +22,9 @@ from corrfix import workload as clients
 from corrfix.cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.tls import TlsConfig, TlsError, tls_config_from_args
-from protocol import FrameDecoder, ProtocolError
+from protocol import ApiKey, FrameDecoder, ProtocolError
 from tests.corrfix.repair_model import request_frame
-from tests.corrfix.test_relay import FAST_REPAIR, LIST_OFFSETS
+from tests.corrfix.test_relay import FAST_REPAIR
 from tests.fake_broker import FakeBroker, answers, read_frames
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -147,7 +147,7 @@ async def open_tls(port: int, context: ssl.SSLContext) -> trio.SSLStream:
 
 async def round_trip(stream: trio.abc.Stream, n: int = 20) -> list[tuple[int, int]]:
     """Send ``n`` requests at once and return the (client id, token) of the answers."""
-    await stream.send_all(b"".join(request_frame(LIST_OFFSETS, 100 + i, i * 3) for i in range(n)))
+    await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, 100 + i, i * 3) for i in range(n)))
     return answers(await read_frames(stream, n))
 
 
@@ -212,7 +212,7 @@ async def test_client_half_close_with_a_tls_broker_still_gets_every_answer(certs
             port = await start_proxy(nursery, await nursery.start(broker.serve), tls)
             with trio.fail_after(10):
                 stream = await trio.open_tcp_stream(LOOPBACK, port)
-                await stream.send_all(b"".join(request_frame(LIST_OFFSETS, i, i) for i in range(5)))
+                await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
                 await stream.send_eof()
                 got = answers(await read_frames(stream, 6))  # the answers, then end of stream
             nursery.cancel_scope.cancel()
@@ -280,7 +280,7 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(certs):
                 )
                 try:  # with TLS 1.3 the client learns of the refusal only when it next reads
                     await anonymous.do_handshake()
-                    await anonymous.send_all(request_frame(LIST_OFFSETS, 1, 1))
+                    await anonymous.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
                     assert await closed_by_peer(anonymous)
                 except trio.BrokenResourceError:
                     pass
@@ -313,7 +313,7 @@ async def test_broker_certificate_name_is_checked_unless_told_not_to(certs):
             with trio.fail_after(10):
                 for port in refused:
                     stream = await trio.open_tcp_stream(LOOPBACK, port)
-                    await stream.send_all(request_frame(LIST_OFFSETS, 1, 1))
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
                     assert await closed_by_peer(stream)
                 stream = await trio.open_tcp_stream(LOOPBACK, accepted)
                 assert await round_trip(stream) == expected()
@@ -371,7 +371,7 @@ async def test_plaintext_client_on_a_tls_listener_is_named_and_closed(certs):
             port = await start_proxy(nursery, await nursery.start(broker.serve), tls, connect_timeout=0.5)
             with trio.fail_after(10):
                 plaintext = await trio.open_tcp_stream(LOOPBACK, port)
-                await plaintext.send_all(request_frame(LIST_OFFSETS, 1, 1))
+                await plaintext.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
                 assert await closed_by_peer(plaintext)  # reset: the peeked bytes were never read
                 silent = await trio.open_tcp_stream(LOOPBACK, port)  # connects, never speaks
                 assert await closed_by_peer(silent)
@@ -409,7 +409,7 @@ async def test_plaintext_broker_behind_upstream_tls_is_named(certs):
             with trio.fail_after(10):
                 for port in ports:
                     stream = await trio.open_tcp_stream(LOOPBACK, port)
-                    await stream.send_all(request_frame(LIST_OFFSETS, 1, 1))
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
                     assert await closed_by_peer(stream)
             nursery.cancel_scope.cancel()
     failed = reasons(logs, "TLS handshake with upstream failed")
@@ -438,7 +438,7 @@ async def test_tls_broker_without_upstream_tls_is_named(certs):
             with trio.fail_after(10):
                 for port in (alerting_port, openssl_port):
                     stream = await trio.open_tcp_stream(LOOPBACK, port)
-                    await stream.send_all(request_frame(LIST_OFFSETS, 1, 1))
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
                     assert await closed_by_peer(stream)
             nursery.cancel_scope.cancel()
     closing = reasons(logs, "closing connection")
@@ -461,7 +461,7 @@ async def test_a_broker_that_answered_plaintext_gets_no_tls_hint_when_it_resets(
             with trio.fail_after(10):
                 for cid in (1, 2):
                     stream = await trio.open_tcp_stream(LOOPBACK, port)
-                    await stream.send_all(request_frame(LIST_OFFSETS, cid, cid))
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
                     got = await read_frames(stream, 1)
                     assert len(got) == (1 if cid == 1 else 0)
                     await stream.aclose()

@@ -37,12 +37,12 @@ from kafka.protocol.schemas.fields.codecs import (
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from protocol import ApiKey
 from protocol.api_versions import CAPPED_API_KEYS, cap_api_versions, decodable_max_versions
 from protocol.encoding import encode_request, encode_response
 from protocol.errors import FrameSizeError, ProtocolError
 from protocol.framing import SIZE_PREFIX, FrameDecoder
 from protocol.headers import (
-    API_VERSIONS_KEY,
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
@@ -51,8 +51,6 @@ from protocol.headers import (
     response_correlation_id,
 )
 from protocol.requests import (
-    FETCH_KEY,
-    PRODUCE_KEY,
     expects_response,
     fetch_max_wait_ms,
     produce_acks,
@@ -63,7 +61,6 @@ from protocol.rewrite import needs_rewrite, rewrite_response
 from protocol.schemas import api_schemas, request_class, response_class
 from protocol.varint import encode_uvarint, read_tagged_fields, read_uvarint
 
-SASL_HANDSHAKE_KEY = 17
 COMPACTION_SLACK = 65536
 """Already returned bytes the decoder may keep before it compacts its buffer."""
 STREAM_MAX_FRAME = 4096
@@ -171,7 +168,7 @@ def _record_batch(producer_id: int) -> bytes:
 
 def _produce_with_batches(version: int, rnd: random.Random) -> ApiMessage:
     """A Produce whose records are real v2 batches, so idempotency is decided on real data."""
-    message = random_message(request_class(PRODUCE_KEY), version, rnd)
+    message = random_message(request_class(ApiKey.PRODUCE), version, rnd)
     batch = _record_batch(rnd.choice([-1, 4242]))
     for topic in message.topic_data or ():
         for partition in topic.partition_data or ():
@@ -194,7 +191,7 @@ def request_seeds() -> tuple[Seed, ...]:
             seeds.append(
                 Seed(encode_request(message, rnd.randint(-(2**31), 2**31 - 1), client_id), api_key, version)
             )
-            if api_key == PRODUCE_KEY:
+            if api_key == ApiKey.PRODUCE:
                 framed = encode_request(_produce_with_batches(version, rnd), version, "producer")
                 seeds.append(Seed(framed, api_key, version))
     return tuple(seeds)
@@ -326,7 +323,7 @@ def request_target(frame: bytes | bytearray) -> str:
     acks: int | None = None
     patch_request_correlation_id(patched, 0x12345678)
     assert request_correlation_id(patched) == 0x12345678 and len(patched) == len(frame)
-    if header.api_key == PRODUCE_KEY:
+    if header.api_key == ApiKey.PRODUCE:
         try:
             acks = produce_acks(frame, header)
         except ProtocolError:
@@ -335,14 +332,14 @@ def request_target(frame: bytes | bytearray) -> str:
             assert -(2**15) <= acks < 2**15
             assert expects_response(frame, header) is (acks != 0)
         assert produce_is_idempotent(frame, header) in (True, False)  # total: never raises
-    elif header.api_key == FETCH_KEY:
+    elif header.api_key == ApiKey.FETCH:
         assert 0 <= fetch_max_wait_ms(frame, header) < 2**31
-    elif header.api_key == SASL_HANDSHAKE_KEY:
+    elif header.api_key == ApiKey.SASL_HANDSHAKE:
         mechanism = sasl_mechanism(frame, header)
         assert mechanism is None or isinstance(mechanism, str)
-    if header.api_key != PRODUCE_KEY:
+    if header.api_key != ApiKey.PRODUCE:
         assert expects_response(frame, header) is True
-    return "acks read" if header.api_key == PRODUCE_KEY and acks is not None else "parsed"
+    return "acks read" if header.api_key == ApiKey.PRODUCE and acks is not None else "parsed"
 
 
 def _to_proxy(node_id: int, host: str, port: int) -> tuple[str, int]:
@@ -377,7 +374,7 @@ def response_target(frame: bytes | bytearray, api_key: int, api_version: int) ->
         assert rewritten[SIZE_PREFIX:8] == bytes(frame[SIZE_PREFIX:8])  # the header is kept
         assert rewrite_response(rewritten, api_key, api_version, _to_proxy) is None  # a fixed point
         reached = "rewritten"
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         caps = decodable_max_versions()
         try:
             capped = cap_api_versions(frame, api_version, caps)

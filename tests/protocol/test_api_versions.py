@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.schemas import BaseField, load_json
 
+from protocol import ApiKey
 from protocol.api_versions import (
     LIBRDKAFKA_TAG_SKIP_FIXED,
     UNSUPPORTED_VERSION,
@@ -30,7 +31,6 @@ from protocol.schemas import request_class, response_class
 
 from .message_strategies import messages
 
-API_VERSIONS = 18
 CAPPED = {
     0: "Produce",
     1: "Fetch",
@@ -39,7 +39,7 @@ CAPPED = {
     18: "ApiVersions",
     60: "DescribeCluster",
 }
-CLS = response_class(API_VERSIONS)
+CLS = response_class(ApiKey.API_VERSIONS)
 VERSIONS = range(CLS.max_version + 1)
 
 
@@ -150,7 +150,7 @@ def test_unsupported_version_answers_are_capped_as_v0(request_version):
     assert answer.version == 0
     assert answer.error_code == UNSUPPORTED_VERSION
     assert [(e.api_key, e.min_version, e.max_version) for e in answer.api_keys] == [
-        (API_VERSIONS, 0, CLS.max_version)
+        (ApiKey.API_VERSIONS, 0, CLS.max_version)
     ]
 
 
@@ -168,8 +168,8 @@ def test_unsupported_version_response_is_what_kafka_python_retries_on(request_ve
     assert answer.header.correlation_id == -123
     assert answer.error_code == UNSUPPORTED_VERSION
     # kafka-python's connection: next version = min(current, the listed ApiVersions max).
-    (entry,) = [e for e in answer.api_keys if e.api_key == API_VERSIONS]
-    assert (entry.min_version, entry.max_version) == (0, decodable_max_versions()[API_VERSIONS])
+    (entry,) = [e for e in answer.api_keys if e.api_key == ApiKey.API_VERSIONS]
+    assert (entry.min_version, entry.max_version) == (0, decodable_max_versions()[ApiKey.API_VERSIONS])
     assert min(request_version, entry.max_version) <= CLS.max_version
 
 
@@ -222,7 +222,7 @@ CONFLUENT_REQUEST = bytes.fromhex(
     "0000003e0012000300000001000772646b61666b610017636f6e666c75656e742d6b61666b612d707974686f6e16322e"
     "31362e312d72646b61666b612d322e31362e3000"
 )
-REQUEST_CLS = request_class(API_VERSIONS)
+REQUEST_CLS = request_class(ApiKey.API_VERSIONS)
 FLEXIBLE_VERSIONS = range(3, CLS.max_version + 1)
 
 

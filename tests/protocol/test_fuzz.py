@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol import ApiKey
 from protocol.errors import FrameSizeError, ProtocolError
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder
 from protocol.headers import parse_request_header
-from protocol.requests import PRODUCE_KEY, produce_acks
+from protocol.requests import produce_acks
 from protocol.schemas import is_flexible
 
 from .fuzz_targets import (
@@ -126,7 +127,7 @@ def test_overflowing_varint_in_a_flexible_header_is_a_protocol_error(seed, bad):
 @given(version=st.integers(9, 13), bad=OVERFLOWING_VARINTS)
 def test_overflowing_transactional_id_length_is_a_protocol_error(version, bad):
     """From Produce v9 the transactional id's length is a varint, read on every Produce."""
-    seed = next(s for s in request_seeds() if s.api_key == PRODUCE_KEY and s.api_version == version)
+    seed = next(s for s in request_seeds() if s.api_key == ApiKey.PRODUCE and s.api_version == version)
     header = parse_request_header(seed.frame)
     assert header.body_offset is not None
     damaged = seed.frame[: header.body_offset] + bad + b"\x00" * 8

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kafka.protocol.api_header import RequestHeader as KafkaRequestHeader
 from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
+from protocol import ApiKey
 from protocol.encoding import encode_request, encode_response
 from protocol.errors import ProtocolError
 from protocol.framing import frame
@@ -25,9 +26,6 @@ from protocol.headers import (
 )
 from protocol.schemas import api_schemas, is_flexible, request_class, response_class
 from protocol.varint import encode_uvarint
-
-API_VERSIONS = 18
-CONTROLLED_SHUTDOWN = 7
 
 ALL_CASES = [(k, v) for k in sorted(api_schemas()) for v in range(request_class(k).max_version + 1)]
 FLEXIBLE_CASES = [(k, v) for k, v in ALL_CASES if is_flexible(k, v)]
@@ -180,7 +178,7 @@ def test_header_v1_has_no_tagged_section(api_key, version):
 
 
 def test_controlled_shutdown_v0_has_header_v0():
-    assert request_header_version(CONTROLLED_SHUTDOWN, 0) == 0
+    assert request_header_version(ApiKey.CONTROLLED_SHUTDOWN, 0) == 0
     raw = b"\x00\x07\x00\x00\x00\x00\x00\x09" + b"\x00\x05abcde"
     header = parse_request_header(frame(raw))
     assert header.client_id is None
@@ -189,7 +187,8 @@ def test_controlled_shutdown_v0_has_header_v0():
 
 
 @pytest.mark.parametrize(
-    ("api_key", "version"), [(CONTROLLED_SHUTDOWN, 1), (CONTROLLED_SHUTDOWN, 3), (4, 0), (999, 2)]
+    ("api_key", "version"),
+    [(ApiKey.CONTROLLED_SHUTDOWN, 1), (ApiKey.CONTROLLED_SHUTDOWN, 3), (4, 0), (999, 2)],
 )
 def test_unknown_api_reads_client_id_but_cannot_locate_body(api_key, version):
     assert request_header_version(api_key, version) is None
@@ -202,15 +201,15 @@ def test_unknown_api_reads_client_id_but_cannot_locate_body(api_key, version):
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_CASES)
 def test_response_header_version(api_key, version):
-    expected = 0 if api_key == API_VERSIONS else int(bool(is_flexible(api_key, version)))
+    expected = 0 if api_key == ApiKey.API_VERSIONS else int(bool(is_flexible(api_key, version)))
     assert response_header_version(api_key, version) == expected
 
 
 @pytest.mark.parametrize("version", range(0, 10))
 def test_api_versions_response_header_is_always_v0(version):
-    assert response_header_version(API_VERSIONS, version) == 0
+    assert response_header_version(ApiKey.API_VERSIONS, version) == 0
     # even though the request itself is flexible from v3
-    assert request_header_version(API_VERSIONS, version) == (2 if version >= 3 else 1)
+    assert request_header_version(ApiKey.API_VERSIONS, version) == (2 if version >= 3 else 1)
 
 
 def test_response_header_version_of_unknown_api_is_v0():
@@ -222,7 +221,7 @@ def test_response_body_offset_matches_kafka_python(api_key, version):
     cls = response_class(api_key)
     framed = encode_response(cls[version](), correlation_id=-77)
     offset = response_body_offset(framed, api_key, version)
-    flexible = cls.flexible_version_q(version) and api_key != API_VERSIONS
+    flexible = cls.flexible_version_q(version) and api_key != ApiKey.API_VERSIONS
     assert offset == 4 + len(bytes(KafkaResponseHeader(correlation_id=-77).encode(flexible=flexible)))
     assert response_correlation_id(framed) == -77
     cls.decode(framed[offset:], version=version)  # the body really starts there
@@ -234,7 +233,7 @@ def test_response_header_v1_tagged_fields_are_skipped(case, tagged, body):
     api_key, version = case
     raw = b"\x00\x00\x00\x05" + tagged_section(tagged)
     offset = response_body_offset(frame(raw + body), api_key, version)
-    if api_key == API_VERSIONS:
+    if api_key == ApiKey.API_VERSIONS:
         assert offset == 8
     else:
         assert offset == 4 + len(raw)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import response_header_version
 from protocol.rewrite import (
@@ -24,10 +25,14 @@ from protocol.varint import encode_uvarint
 
 from .message_strategies import messages, tagged_section
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
-
 # Written from the JSON schemas and KIP-951, independently of the module under test.
-FIRST_VERSION_WITH_ADDRESSES = {METADATA: 0, FIND_COORDINATOR: 0, DESCRIBE_CLUSTER: 0, PRODUCE: 10, FETCH: 16}
+FIRST_VERSION_WITH_ADDRESSES = {
+    ApiKey.METADATA: 0,
+    ApiKey.FIND_COORDINATOR: 0,
+    ApiKey.DESCRIBE_CLUSTER: 0,
+    ApiKey.PRODUCE: 10,
+    ApiKey.FETCH: 16,
+}
 
 
 def rewritable_versions() -> list[tuple[int, int]]:
@@ -45,11 +50,11 @@ PER_VERSION = settings(max_examples=6, deadline=None, suppress_health_check=[Hea
 
 def address_entries(message: Any, api_key: int, version: int) -> list[tuple[Any, str]]:
     """(container, node-id field) of every address a client learns, by the test's own reading."""
-    if api_key == METADATA:
+    if api_key == ApiKey.METADATA:
         return [(broker, "node_id") for broker in message.brokers or ()]
-    if api_key == DESCRIBE_CLUSTER:
+    if api_key == ApiKey.DESCRIBE_CLUSTER:
         return [(broker, "broker_id") for broker in message.brokers or ()]
-    if api_key == FIND_COORDINATOR:
+    if api_key == ApiKey.FIND_COORDINATOR:
         found = [message] if version <= 3 else list(message.coordinators or ())
         return [(entry, "node_id") for entry in found if entry.error_code == 0]
     return [(endpoint, "node_id") for endpoint in message.node_endpoints or ()]
@@ -112,10 +117,10 @@ def test_needs_rewrite_matches_the_schemas_for_every_api_and_version():
 
 
 def test_every_version_kafka_python_supports_is_covered():
-    assert response_class(METADATA).max_version >= 12
-    assert response_class(FIND_COORDINATOR).max_version >= 4
-    assert response_class(PRODUCE).max_version >= 10
-    assert response_class(FETCH).max_version >= 16
+    assert response_class(ApiKey.METADATA).max_version >= 12
+    assert response_class(ApiKey.FIND_COORDINATOR).max_version >= 4
+    assert response_class(ApiKey.PRODUCE).max_version >= 10
+    assert response_class(ApiKey.FETCH).max_version >= 16
     assert {key for key, _ in CASES} == set(FIRST_VERSION_WITH_ADDRESSES)
 
 
@@ -124,8 +129,8 @@ def test_every_version_kafka_python_supports_is_covered():
 )
 def test_responses_that_need_no_rewrite_are_not_even_parsed(api_key, junk):
     assert rewrite_response(junk, api_key, 3, shift) is None
-    assert rewrite_response(junk, PRODUCE, 9, shift) is None
-    assert rewrite_response(junk, FETCH, 15, shift) is None
+    assert rewrite_response(junk, ApiKey.PRODUCE, 9, shift) is None
+    assert rewrite_response(junk, ApiKey.FETCH, 15, shift) is None
 
 
 # -- rewriting -------------------------------------------------------------------------------
@@ -184,7 +189,10 @@ def test_identity_mapper_leaves_the_frame_untouched(api_key, version, data, kind
 
 
 @settings(max_examples=30, deadline=None)
-@given(case=response_frames([(FIND_COORDINATOR, v) for v in range(4)]), error=st.integers(1, 2**15 - 1))
+@given(
+    case=response_frames([(ApiKey.FIND_COORDINATOR, v) for v in range(4)]),
+    error=st.integers(1, 2**15 - 1),
+)
 def test_find_coordinator_error_placeholders_are_left_alone(case, error):
     api_key, version, frame, offset = case
     message = decode(frame, api_key, version, offset)
@@ -194,7 +202,7 @@ def test_find_coordinator_error_placeholders_are_left_alone(case, error):
 
 
 def test_find_coordinator_batched_maps_only_successful_coordinators():
-    cls = response_class(FIND_COORDINATOR)
+    cls = response_class(ApiKey.FIND_COORDINATOR)
     coordinator = cls.Coordinator
     message = cls(
         version=4,
@@ -206,10 +214,10 @@ def test_find_coordinator_batched_maps_only_successful_coordinators():
             coordinator(version=4, key="g2", node_id=-1, host="", port=-1, error_code=15, error_message="x"),
         ],
     )
-    frame = build_frame(message, FIND_COORDINATOR, 4, 7, b"\x00")
-    out = rewrite_response(frame, FIND_COORDINATOR, 4, lambda n, h, p: ("proxy", 19092))
+    frame = build_frame(message, ApiKey.FIND_COORDINATOR, 4, 7, b"\x00")
+    out = rewrite_response(frame, ApiKey.FIND_COORDINATOR, 4, lambda n, h, p: ("proxy", 19092))
     assert out is not None
-    got = decode(out, FIND_COORDINATOR, 4, 9).coordinators
+    got = decode(out, ApiKey.FIND_COORDINATOR, 4, 9).coordinators
     assert [(c.node_id, c.host, c.port) for c in got] == [(1, "proxy", 19092), (-1, "", -1)]
 
 
@@ -217,7 +225,7 @@ def test_find_coordinator_batched_maps_only_successful_coordinators():
 
 
 def produce_v10_with_endpoint() -> tuple[Any, bytes]:
-    cls = response_class(PRODUCE)
+    cls = response_class(ApiKey.PRODUCE)
     endpoint = cls.NodeEndpoint(version=10, node_id=5, host="broker-5", port=9092, rack="r1")
     message = cls(version=10, responses=[], throttle_time_ms=0, node_endpoints=[endpoint])
     return cls, bytes(message.encode(version=10))
@@ -231,7 +239,7 @@ def test_unknown_top_level_tags_are_dropped_and_known_ones_rewritten():
     patched = body[:5] + b"\x02" + tagged[1:] + encode_uvarint(7) + encode_uvarint(2) + b"zz"
     assert cls.decode(patched, version=10).unknown_tags == {"_7": b"zz"}
     frame = (len(patched) + 5).to_bytes(4, "big") + b"\x00\x00\x00\x01\x00" + patched
-    out = rewrite_response(frame, PRODUCE, 10, shift)
+    out = rewrite_response(frame, ApiKey.PRODUCE, 10, shift)
     assert out is not None
     rewritten = cls.decode(out[9:], version=10)
     assert rewritten.unknown_tags is None
@@ -246,7 +254,7 @@ def test_nested_tags_inside_a_tagged_struct_are_a_protocol_error():
     patched = nested[:7] + bytes([nested[7] + 3]) + nested[8:]  # grow the tag-0 size
     frame = (len(patched) + 5).to_bytes(4, "big") + b"\x00\x00\x00\x01\x00" + patched
     with pytest.raises(ProtocolError):
-        rewrite_response(frame, PRODUCE, 10, shift)
+        rewrite_response(frame, ApiKey.PRODUCE, 10, shift)
 
 
 # -- malformed input -------------------------------------------------------------------------
@@ -304,10 +312,10 @@ def test_a_wrong_size_prefix_is_a_protocol_error(case, delta):
 
 
 def test_a_version_newer_than_kafka_python_is_undecodable():
-    newest = response_class(METADATA).max_version
+    newest = response_class(ApiKey.METADATA).max_version
     frame = b"\x00\x00\x00\x06\x00\x00\x00\x01\x00\x00"
     with pytest.raises(UndecodableVersionError) as info:
-        rewrite_response(frame, METADATA, newest + 1, shift)
+        rewrite_response(frame, ApiKey.METADATA, newest + 1, shift)
     assert isinstance(info.value, ProtocolError)
     assert (info.value.api_version, info.value.max_version) == (newest + 1, newest)
 
@@ -316,10 +324,10 @@ def test_a_version_newer_than_kafka_python_is_undecodable():
 
 
 def metadata_frame() -> bytes:
-    cls = response_class(METADATA)
+    cls = response_class(ApiKey.METADATA)
     broker = cls.MetadataResponseBroker(version=1, node_id=1, host="b", port=9092, rack=None)
     message = cls(version=1, brokers=[broker], controller_id=1, topics=[])
-    return build_frame(message, METADATA, 1, 1, b"")
+    return build_frame(message, ApiKey.METADATA, 1, 1, b"")
 
 
 @pytest.mark.parametrize(
@@ -334,4 +342,4 @@ def metadata_frame() -> bytes:
 )
 def test_a_bad_mapper_result_is_a_programming_error(result, error):
     with pytest.raises(error):
-        rewrite_response(metadata_frame(), METADATA, 1, lambda n, h, p: result)
+        rewrite_response(metadata_frame(), ApiKey.METADATA, 1, lambda n, h, p: result)

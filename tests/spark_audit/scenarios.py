@@ -29,7 +29,6 @@ from corrfix.tansu import TansuBroker
 from tests.corrfix.capture.tcpdump import tcpdump
 from tests.corrfix.capture.watch import Watch
 
-PRODUCE = 0
 DEADLINE_S = 90.0
 SECOND_MEMBER_TRIES = 4
 SECOND_MEMBER_WAIT_S = 15.0

@@ -7,14 +7,14 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import parse_request_header, request_class, response_body_offset, response_class
+from protocol import ApiKey, parse_request_header, request_class, response_body_offset, response_class
 from protocol.encoding import encode_request, encode_response
 from spark_audit import decode as dec
 from spark_audit.produce_walk import produce_batch_facts
 
 from .builders import records
 
-PRODUCE = request_class(0)
+PRODUCE_REQUEST = request_class(ApiKey.PRODUCE)
 
 batches = st.builds(
     records,
@@ -33,27 +33,27 @@ def _frame(version: int, acks: int, transactional_id: str | None, topic_list: li
     data = []
     for name, topic_id, parts in topic_list:
         pdata = [
-            PRODUCE.TopicProduceData.PartitionProduceData(
+            PRODUCE_REQUEST.TopicProduceData.PartitionProduceData(
                 index=index, records=b"".join(batch) if isinstance(batch, list) else batch
             )
             for index, batch in parts
         ]
         named = {"topic_id": topic_id} if version >= 13 else {"name": name}
-        data.append(PRODUCE.TopicProduceData(**named, partition_data=pdata))
+        data.append(PRODUCE_REQUEST.TopicProduceData(**named, partition_data=pdata))
     kwargs = {"acks": acks, "timeout_ms": 1000, "topic_data": data}
     if version >= 3:
         kwargs["transactional_id"] = transactional_id
-    return encode_request(PRODUCE(version=version, **kwargs), 5, "client")
+    return encode_request(PRODUCE_REQUEST(version=version, **kwargs), 5, "client")
 
 
 def _kafka_python(frame: bytes, version: int) -> list[dict]:
-    body = PRODUCE.decode(frame[parse_request_header(frame).body_offset :], version=version)
+    body = PRODUCE_REQUEST.decode(frame[parse_request_header(frame).body_offset :], version=version)
     return list(dec._produce_batches(body))
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    version=st.integers(0, PRODUCE.max_version),
+    version=st.integers(0, PRODUCE_REQUEST.max_version),
     acks=st.sampled_from([-1, 0, 1]),
     transactional_id=st.one_of(st.none(), st.text(max_size=8)),
     topic_list=topics,
@@ -66,7 +66,7 @@ def test_the_walk_gives_what_kafka_python_gives(version, acks, transactional_id,
 
 
 @settings(max_examples=100, deadline=None)
-@given(version=st.integers(0, PRODUCE.max_version), cut=st.integers(1, 60), topic_list=topics)
+@given(version=st.integers(0, PRODUCE_REQUEST.max_version), cut=st.integers(1, 60), topic_list=topics)
 def test_a_damaged_body_falls_back_to_kafka_python(version, cut, topic_list):
     frame = _frame(version, 1, None, topic_list)
     damaged = frame[: max(len(frame) - cut, 12)]

@@ -11,6 +11,7 @@ import pytest
 from corrfix import workload
 from corrfix.capture.reader import read_capture
 from corrfix.chaos import ChaosRules
+from protocol import ApiKey
 from spark_audit.checks.client_view import client_view
 from spark_audit.checks.offsets import offset_losses
 from spark_audit.checks.upstream import upstream_skips
@@ -18,7 +19,7 @@ from spark_audit.facts import decode_facts
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.load import load_capture, load_headers
 
-from .scenarios import PRODUCE, acks0_produce, group_life, lossy_produce, over_the_wire, through_corrfix
+from .scenarios import acks0_produce, group_life, lossy_produce, over_the_wire, through_corrfix
 
 pytestmark = pytest.mark.broker
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.broker
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
     return through_corrfix(
-        tmp_path_factory.mktemp("lossy"), lossy_produce, ChaosRules(drop_every=10, apis={PRODUCE})
+        tmp_path_factory.mktemp("lossy"), lossy_produce, ChaosRules(drop_every=10, apis={ApiKey.PRODUCE})
     )
 
 
@@ -65,7 +66,7 @@ def test_the_audit_finds_exactly_the_injected_skips_and_their_repairs(spark, los
     }
     for skip in skips:
         requeue = requeues[(skip.connection_id, skip.upstream_correlation_id)]
-        assert (skip.api_key, skip.outcome, skip.overtaken_by_probe) == (PRODUCE, "requeued", True)
+        assert (skip.api_key, skip.outcome, skip.overtaken_by_probe) == (ApiKey.PRODUCE, "requeued", True)
         assert skip.requeued_as == requeue["new_upstream_correlation_id"]
         assert skip.client_correlation_id == requeue["client_correlation_id"]
         assert skip.actions == ["possible_duplicate", "probe_found_loss", "requeue", "skip_detected"]
@@ -91,7 +92,7 @@ def test_resent_produces_are_the_duplicates_the_topic_holds(lossy, lossy_report)
 def test_latency_covers_every_api_the_clients_used(lossy_report):
     by_api = {r["api_key"]: r for r in lossy_report["latency"]["by_api"]}
     assert {0, 1, 3, 18} <= by_api.keys()
-    assert by_api[PRODUCE]["requests"] == 60
+    assert by_api[ApiKey.PRODUCE]["requests"] == 60
     assert all(r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] for r in by_api.values())
 
 
@@ -119,7 +120,9 @@ def test_deleting_a_group_shows_as_committed_offset_loss(spark, groups, groups_r
 def test_a_wire_capture_shows_the_replies_to_acks0(spark, wire):
     rows = read_capture(wire.directory).to_pylist()
     answers = sum(
-        1 for r in rows if r["kind"] == "frame" and r["direction"] == "response" and r["api_key"] == PRODUCE
+        1
+        for r in rows
+        if r["kind"] == "frame" and r["direction"] == "response" and r["api_key"] == ApiKey.PRODUCE
     )
     assert answers > 1  # Tansu answered Produce requests that had acks=0
     violations = client_view(load_headers(spark, str(wire.directory))).collect()

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
 import protocol
+from protocol import ApiKey
 from protocol.encoding import encode_request, encode_response
-
-PRODUCE, METADATA, API_VERSIONS = 0, 3, 18
 
 
 @dataclass(frozen=True)
@@ -30,11 +29,14 @@ def api_versions(correlation_id: int) -> Exchange:
         "wire-test",
     )
     response = encode_response(ApiVersionsResponse[3](error_code=0, api_keys=[]), correlation_id)
-    return Exchange(API_VERSIONS, 3, correlation_id, request, response)
+    return Exchange(ApiKey.API_VERSIONS, 3, correlation_id, request, response)
 
 
 def metadata(correlation_id: int, topic: str = "events") -> Exchange:
-    req_cls, resp_cls = protocol.request_class(METADATA)[12], protocol.response_class(METADATA)[12]
+    req_cls, resp_cls = (
+        protocol.request_class(ApiKey.METADATA)[12],
+        protocol.response_class(ApiKey.METADATA)[12],
+    )
     request = encode_request(
         req_cls(topics=[req_cls.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False),
         correlation_id,
@@ -43,11 +45,11 @@ def metadata(correlation_id: int, topic: str = "events") -> Exchange:
     response = encode_response(
         resp_cls(throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=[]), correlation_id
     )
-    return Exchange(METADATA, 12, correlation_id, request, response)
+    return Exchange(ApiKey.METADATA, 12, correlation_id, request, response)
 
 
 def produce(correlation_id: int, records: bytes, acks: int = 1, error_code: int = 0) -> Exchange:
-    req_cls, resp_cls = protocol.request_class(PRODUCE)[9], protocol.response_class(PRODUCE)[9]
+    req_cls, resp_cls = protocol.request_class(ApiKey.PRODUCE)[9], protocol.response_class(ApiKey.PRODUCE)[9]
     data = req_cls.TopicProduceData
     request = encode_request(
         req_cls(
@@ -62,7 +64,7 @@ def produce(correlation_id: int, records: bytes, acks: int = 1, error_code: int 
         "wire-test",
     )
     if acks == 0:
-        return Exchange(PRODUCE, 9, correlation_id, request, None)
+        return Exchange(ApiKey.PRODUCE, 9, correlation_id, request, None)
     topic = resp_cls.TopicProduceResponse
     response = encode_response(
         resp_cls(
@@ -84,7 +86,7 @@ def produce(correlation_id: int, records: bytes, acks: int = 1, error_code: int 
         ),
         correlation_id,
     )
-    return Exchange(PRODUCE, 9, correlation_id, request, response)
+    return Exchange(ApiKey.PRODUCE, 9, correlation_id, request, response)
 
 
 def session(n_produce: int = 3, record_size: int = 2500) -> list[Exchange]:

@@ -31,12 +31,12 @@ from corrfix.netutil import free_port
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
 from corrfix.tansu import TansuBroker
+from protocol import ApiKey
 from tests.corrfix.capture.watch import Watch
 
 pytestmark = pytest.mark.broker
 
 BROKER_PORT = 19092  # the port the pcapng export gives both synthesized servers
-PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
 
 
 @dataclass
@@ -113,7 +113,9 @@ def lossy(tmp_path_factory) -> Captured:
         )
         assert result.ok and not result.errors and result.correlation_errors == 0
 
-    return run_captured(tmp_path_factory.mktemp("lossy"), workload, ChaosRules(drop_every=10, apis={PRODUCE}))
+    return run_captured(
+        tmp_path_factory.mktemp("lossy"), workload, ChaosRules(drop_every=10, apis={ApiKey.PRODUCE})
+    )
 
 
 def frames(rows: list[dict], side: str, direction: str) -> list[dict]:
@@ -140,7 +142,10 @@ def test_capture_has_both_sides_of_every_connection(plain):
     for side in ("client", "upstream"):
         for direction in ("request", "response"):
             keys = {r["api_key"] for r in frames(rows, side, direction)}
-            assert {API_VERSIONS, METADATA, PRODUCE, FETCH} <= keys, (side, direction)
+            assert {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.FETCH} <= keys, (
+                side,
+                direction,
+            )
     assert all(
         r["frame"] is not None and len(r["frame"]) == r["frame_length"]
         for r in frames(rows, "client", "request")
@@ -183,7 +188,10 @@ def test_client_and_upstream_ids_line_up(plain):
             source = answered[delivered["upstream_correlation_id"]]
             assert source["client_correlation_id"] == delivered["client_correlation_id"]
             assert source["api_key"] == delivered["api_key"]
-            if delivered["api_key"] in (PRODUCE, FETCH):  # others may be rewritten for the client
+            if delivered["api_key"] in (
+                ApiKey.PRODUCE,
+                ApiKey.FETCH,
+            ):  # others may be rewritten for the client
                 assert source["frame"][8:] == delivered["frame"][8:]
             assert delivered["frame"][4:8] == delivered["client_correlation_id"].to_bytes(
                 4, "big", signed=True
@@ -202,11 +210,11 @@ def test_dropped_answers_appear_as_skips_and_requeues(lossy):
         answered = {r["upstream_correlation_id"] for r in frames(conn_rows, "upstream", "response")}
         resent = {r["upstream_correlation_id"]: r for r in frames(conn_rows, "upstream", "request")}
         for requeue in (r for r in conn_rows if r.get("event") == "requeue"):
-            assert requeue["api_key"] == PRODUCE and requeue["attempt"] == 2
+            assert requeue["api_key"] == ApiKey.PRODUCE and requeue["attempt"] == 2
             assert requeue["upstream_correlation_id"] not in answered  # the chaos relay dropped it
             again = resent[requeue["new_upstream_correlation_id"]]
             assert again["client_correlation_id"] == requeue["client_correlation_id"]
-            assert again["new_upstream_correlation_id"] is None and again["api_key"] == PRODUCE
+            assert again["new_upstream_correlation_id"] is None and again["api_key"] == ApiKey.PRODUCE
             assert requeue["new_upstream_correlation_id"] in answered
 
 
@@ -288,7 +296,7 @@ def test_tshark_shows_repairs_as_comments_on_the_resent_requests(lossy, tmp_path
     requeues = [r for r in lossy.rows if r.get("event") == "requeue"]
     assert len(records) == len(requeues) == 6
     for (cid, key, comment), requeue in zip(records, requeues, strict=True):
-        assert (int(cid), int(key)) == (requeue["new_upstream_correlation_id"], PRODUCE)
+        assert (int(cid), int(key)) == (requeue["new_upstream_correlation_id"], ApiKey.PRODUCE)
         assert f"client_correlation_id={requeue['client_correlation_id']}" in comment
 
 

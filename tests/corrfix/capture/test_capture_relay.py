@@ -8,14 +8,13 @@ from corrfix.capture.reader import read_capture
 from corrfix.capture.writer import CaptureWriter
 from corrfix.relay import Address, Proxy, ProxyConfig
 from corrfix.repair import RepairConfig
+from protocol import ApiKey
 from tests.corrfix.capture.watch import Watch
 from tests.corrfix.repair_model import request_frame
 from tests.fake_broker import FakeBroker, answers, read_frames
 
+
 # The echo broker's answers are no real Kafka bodies: use an api whose answers are never rewritten.
-LIST_OFFSETS = 2
-
-
 async def test_a_lost_answer_through_the_relay_is_captured_on_both_sides(tmp_path):
     broker = FakeBroker(script=lambda index, _api: "lose" if index == 1 else "answer")
     writer = CaptureWriter(tmp_path).start()
@@ -33,7 +32,9 @@ async def test_a_lost_answer_through_the_relay_is_captured_on_both_sides(tmp_pat
                 stream = await trio.open_tcp_stream("127.0.0.1", bound[0].port)
                 host, port = stream.socket.getsockname()[:2]
                 client_address = f"{host}:{port}"
-                await stream.send_all(b"".join(request_frame(LIST_OFFSETS, 500 + i, i) for i in range(3)))
+                await stream.send_all(
+                    b"".join(request_frame(ApiKey.LIST_OFFSETS, 500 + i, i) for i in range(3))
+                )
                 got = answers(await read_frames(stream, 3))
                 await stream.aclose()
                 await watch.all_closed()

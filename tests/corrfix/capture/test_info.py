@@ -8,9 +8,10 @@ import shutil
 from corrfix.capture.info import capture_info, render_info
 from corrfix.capture.writer import CaptureWriter
 from corrfix.repair import RepairConfig
+from protocol import ApiKey
 from tests.corrfix.capture.shell import Shell
 from tests.corrfix.capture.test_writer import run_repair_scenario
-from tests.corrfix.repair_model import METADATA, request_frame
+from tests.corrfix.repair_model import request_frame
 
 
 def test_info_counts_connections_frames_repairs_and_time(tmp_path):
@@ -19,7 +20,7 @@ def test_info_counts_connections_frames_repairs_and_time(tmp_path):
     writer.flush(timeout=10)
     still_open = Shell(writer, connection="c2")
     still_open.open(client="127.0.0.1:50002")
-    still_open.client_sends(request_frame(METADATA, 1, 1))
+    still_open.client_sends(request_frame(ApiKey.METADATA, 1, 1))
     writer.close()
 
     info = capture_info(tmp_path)
@@ -65,7 +66,7 @@ def test_info_reports_lost_rows_and_says_when_it_cannot_know(tmp_path):
     writer = CaptureWriter(tmp_path / "cap", queue_rows=3)  # never started: the queue overflows
     shell = Shell(writer)
     shell.open()
-    shell.client_sends(*(request_frame(METADATA, i, i) for i in range(3)))
+    shell.client_sends(*(request_frame(ApiKey.METADATA, i, i) for i in range(3)))
     writer.close()
     info = capture_info(tmp_path / "cap")
     assert (info["rows"], info["rows_lost"]) == (3, 5)

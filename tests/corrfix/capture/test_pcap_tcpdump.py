@@ -11,11 +11,10 @@ from kafka.record import MemoryRecords
 from corrfix import workload
 from corrfix.capture.pcap_import import import_pcap
 from corrfix.capture.reader import read_capture
-from protocol import parse_request_header, request_class
+from protocol import ApiKey, parse_request_header, request_class
 
 from .tcpdump import marker_connections, tcpdump
 
-PRODUCE = 0
 N = 300
 
 
@@ -23,11 +22,11 @@ def produced_values(rows: list[dict]) -> list[bytes]:
     """Record values inside every captured Produce request."""
     values = []
     for row in rows:
-        if row["kind"] != "frame" or row["direction"] != "request" or row["api_key"] != PRODUCE:
+        if row["kind"] != "frame" or row["direction"] != "request" or row["api_key"] != ApiKey.PRODUCE:
             continue
         frame = row["frame"]
         header = parse_request_header(frame)
-        body = request_class(PRODUCE).decode(frame[header.body_offset :], version=header.api_version)
+        body = request_class(ApiKey.PRODUCE).decode(frame[header.body_offset :], version=header.api_version)
         for topic in body.topic_data:
             for partition in topic.partition_data:
                 records = MemoryRecords(bytes(partition.records))

@@ -12,10 +12,11 @@ from corrfix.capture.pcapng import export_pcapng
 from corrfix.capture.reader import read_capture
 from corrfix.capture.writer import CaptureWriter
 from corrfix.repair import RepairConfig
+from protocol import ApiKey
 from tests.corrfix.capture.pcapng_reading import checksums_valid, read_pcapng
 from tests.corrfix.capture.shell import Shell
 from tests.corrfix.capture.test_writer import run_repair_scenario
-from tests.corrfix.repair_model import METADATA, request_frame
+from tests.corrfix.repair_model import request_frame
 
 BIG = 200_000
 SYN, ACK, FIN = dpkt.tcp.TH_SYN, dpkt.tcp.TH_ACK, dpkt.tcp.TH_FIN
@@ -23,7 +24,7 @@ PROXY_IP = bytes([127, 0, 0, 2])
 
 
 def big_request(correlation_id: int) -> bytes:
-    small = request_frame(METADATA, correlation_id, 1)
+    small = request_frame(ApiKey.METADATA, correlation_id, 1)
     payload = bytes(small[4:]) + bytes(BIG)
     return len(payload).to_bytes(4, "big") + payload
 
@@ -144,7 +145,7 @@ def test_truncated_frames_are_zero_filled_and_marked(tmp_path):
     pcap = read_pcapng(out)
     marked = [p for p in pcap.packets if any("truncated" in c for c in p.comments)]
     assert len(marked) == 4
-    request_rows = [r for r in rows if r["frame_length"] == BIG + len(request_frame(METADATA, 9, 1))]
+    request_rows = [r for r in rows if r["frame_length"] == BIG + len(request_frame(ApiKey.METADATA, 9, 1))]
     first = marked[0].tcp.data
     assert first[:100] == request_rows[0]["frame"] and first[100:] == bytes(len(first) - 100)
     assert "100 of" in marked[0].comments[0]

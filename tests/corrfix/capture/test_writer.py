@@ -18,10 +18,10 @@ from corrfix.capture.schema import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, S
 from corrfix.capture.summary import read_summaries
 from corrfix.capture.writer import CaptureWriter, add_capture_arguments, capture_writer_from_args
 from corrfix.repair import RepairConfig
-from protocol import parse_request_header
+from protocol import ApiKey, parse_request_header
 from protocol.encoding import encode_request, encode_response
 from tests.corrfix.capture.shell import Shell
-from tests.corrfix.repair_model import METADATA, PRODUCE, request_frame, response_frame
+from tests.corrfix.repair_model import request_frame, response_frame
 from tests.fake_broker import api_versions_answer
 
 
@@ -40,12 +40,12 @@ def ids(rows: list[dict], first: str, second: str) -> list[tuple]:
 def run_repair_scenario(shell: Shell) -> None:
     """A lost answer found by a later one, an answered acks=0 Produce, a loss found by a probe."""
     shell.open()
-    shell.client_sends(*(request_frame(METADATA, 100 + i, i) for i in range(3)))  # upstream 0, 1, 2
+    shell.client_sends(*(request_frame(ApiKey.METADATA, 100 + i, i) for i in range(3)))  # upstream 0, 1, 2
     shell.broker_answers(response_frame(1, 1), response_frame(2, 2))  # 0 lost: re-sent as 3
     shell.broker_answers(response_frame(3, 0))
-    shell.client_sends(request_frame(PRODUCE, 103, 3, acks=0))  # upstream 4
+    shell.client_sends(request_frame(ApiKey.PRODUCE, 103, 3, acks=0))  # upstream 4
     shell.broker_answers(response_frame(4, 3))  # a stray reply to acks=0
-    shell.client_sends(request_frame(METADATA, 104, 4))  # upstream 5, its answer lost
+    shell.client_sends(request_frame(ApiKey.METADATA, 104, 4))  # upstream 5, its answer lost
     shell.tick(10.0)  # probe: upstream 6
     shell.broker_answers(api_versions_answer(6))  # the probe overtakes 5: re-sent as 7
     shell.broker_answers(response_frame(7, 4))
@@ -84,7 +84,7 @@ def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):
     # Frame bytes are copies taken at the time: the repair machine patched the frames later.
     assert [r["frame"] for r in upstream_requests] == shell.sent
     assert [r["frame"] for r in client_responses] == shell.delivered
-    assert client_requests[0]["frame"] == bytes(request_frame(METADATA, 100, 0))
+    assert client_requests[0]["frame"] == bytes(request_frame(ApiKey.METADATA, 100, 0))
     assert all(r["frame_length"] == len(r["frame"]) for r in rows if r["kind"] == "frame")
 
     repairs = [r for r in rows if r["kind"] == "repair"]
@@ -140,7 +140,7 @@ def test_a_file_is_readable_up_to_its_last_flush_while_the_writer_runs(tmp_path)
     try:
         shell = Shell(writer)
         shell.open()
-        shell.client_sends(request_frame(METADATA, 1, 1))
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
         assert writer.flush(timeout=10)
         first = rows_of(tmp_path)
         assert [r["kind"] for r in first] == ["open", "frame", "frame"]
@@ -167,7 +167,7 @@ def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
     shell = Shell(writer)
     shell.open()
     for i in range(3):
-        shell.client_sends(request_frame(METADATA, i, i))
+        shell.client_sends(request_frame(ApiKey.METADATA, i, i))
         writer.flush(timeout=10)
     writer.close()
     files = capture_files(tmp_path)
@@ -208,7 +208,7 @@ def test_a_full_queue_drops_rows_and_counts_them_without_blocking(tmp_path):
     writer = CaptureWriter(tmp_path, queue_rows=5)  # not started: nothing drains the queue
     shell = Shell(writer)
     shell.open()  # 1 row
-    shell.client_sends(*(request_frame(METADATA, i, i) for i in range(4)))  # 8 rows
+    shell.client_sends(*(request_frame(ApiKey.METADATA, i, i) for i in range(4)))  # 8 rows
     shell.broker_answers(*(response_frame(i, i) for i in range(4)))  # 8 rows
     assert writer.stats.rows_lost == 12
     writer.close()
@@ -235,7 +235,7 @@ def test_observer_calls_never_wait_for_a_stuck_writer_thread(tmp_path, monkeypat
     writer._queue.wake.set()
     assert in_write.wait(10)
     for i in range(50):  # 100 rows while the writer thread is stuck in a write
-        shell.client_sends(request_frame(METADATA, i, i))
+        shell.client_sends(request_frame(ApiKey.METADATA, i, i))
     assert not release.is_set() and writer.stats.rows_lost == 90
     release.set()
     writer.close()
@@ -278,9 +278,9 @@ def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
     writer = CaptureWriter(tmp_path).start()
     shell = Shell(writer, machine_options={"local_answer": local_answer, "transform": transform})
     shell.open()
-    too_new = bytearray(request_frame(METADATA, 1, 1))
+    too_new = bytearray(request_frame(ApiKey.METADATA, 1, 1))
     too_new[4:8] = (18).to_bytes(2, "big") + (9).to_bytes(2, "big")  # ApiVersions v9
-    shell.client_sends(too_new, request_frame(METADATA, 2, 2))
+    shell.client_sends(too_new, request_frame(ApiKey.METADATA, 2, 2))
     shell.broker_answers(response_frame(0, 2))
     shell.close()
     writer.close()
@@ -310,7 +310,7 @@ def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeyp
     shell = Shell(writer)
     shell.open()
     assert writer.flush(timeout=10)  # the open row is lost
-    shell.client_sends(request_frame(METADATA, 1, 1))
+    shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
     shell.close()
     writer.close()
     assert [r["kind"] for r in rows_of(tmp_path)] == ["frame", "frame", "close"]
@@ -335,7 +335,7 @@ def test_sasl_credentials_are_never_captured(tmp_path):
     token = raw_token(b"\x00bob\x00secret")  # would read as api key 0, a plausible Produce
     shell.client_sends(token)
     shell.broker_answers(raw_token(b""))
-    shell.client_sends(request_frame(METADATA, 8, 8), authenticate)  # tracked again afterwards
+    shell.client_sends(request_frame(ApiKey.METADATA, 8, 8), authenticate)  # tracked again afterwards
     shell.broker_answers(response_frame(1, 8), response_frame(2, 9))
     shell.close()
     writer.close()
