@@ -316,6 +316,7 @@ class ProxyConnection:
         self._draining = False
         self._upstream_closing = False  # everything read was queued for the broker, then its EOF
         self._upstream_reader_scope = trio.CancelScope()
+        self._upstream_eof_sent = False
         self._client_reader_done = trio.Event()
         self._last_activity = 0.0
         self._partial_since: float | None = None
@@ -457,7 +458,13 @@ class ProxyConnection:
         with scope:
             await self._relay_answers(upstream)
         if scope.cancelled_caught:
-            self.log.info("broker kept its side open after the proxy's end of stream", linger=scope.deadline)
+            if self._upstream_eof_sent:
+                self.log.info("broker kept its side open after the proxy's end of stream")
+            else:
+                self.log.warning(
+                    "broker did not take every request before the request deadline",
+                    unsent=self.to_upstream.pending,
+                )
             self._apply(self.machine.upstream_closed())
             self._finish("broker did not close")
 
@@ -508,6 +515,8 @@ class ProxyConnection:
             # before it, and closes its side: the upstream reader then ends the connection.
             assert isinstance(upstream, trio.abc.HalfCloseableStream)
             await upstream.send_eof()
+            self._upstream_eof_sent = True
+            self._upstream_reader_scope.deadline = trio.current_time() + self.config.close_linger
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._abort(f"upstream connection lost while sending: {exc or type(exc).__name__}")
 
@@ -682,7 +691,9 @@ class ProxyConnection:
 
     def _close_upstream(self, reason: str) -> None:
         """Send the broker every request read, then end its stream; the connection ends when
-        the broker closes its side, or ``close_linger`` later.
+        the broker closes its side, or ``close_linger`` after the end of stream. A broker that
+        does not take the requests gets as long as any request gets an answer:
+        ``request_deadline``.
 
         Until then the broker socket keeps being read, so answers still owed are delivered
         and stray ones dropped, and it is never closed with unread bytes: that would send a
@@ -694,7 +705,7 @@ class ProxyConnection:
         if self._close_reason is None:
             self._close_reason = reason
         self.to_upstream.finish()
-        self._upstream_reader_scope.deadline = trio.current_time() + self.config.close_linger
+        self._upstream_reader_scope.deadline = trio.current_time() + self.config.repair.request_deadline
 
     def _finish(self, reason: str) -> None:
         """Deliver what is queued for the client, then close both sides."""

@@ -17,9 +17,9 @@ from corrfix.netutil import free_port
 from corrfix.replay import ReplayConfig, register_command, replay
 from corrfix.replay_plan import load_plan
 from corrfix.replay_report import Status, build_report, error_codes, render_text
-from protocol import FrameDecoder, RequestHeader, parse_request_header, produce_acks
+from protocol import ApiKey, FrameDecoder, RequestHeader, parse_request_header, produce_acks
 
-from .capture.kafka_frames import API_VERSIONS, METADATA, PRODUCE, api_versions, metadata, produce
+from .capture.kafka_frames import api_versions, metadata, produce
 from .capture.tcp_synth import Segment, TcpSession, write_packets
 
 START_NS = 1_700_000_000_000_000_000
@@ -77,11 +77,11 @@ Answer = Callable[[int, RequestHeader, bytes], Awaitable[bytes | None]]
 
 def standard_answer(header: RequestHeader, frame: bytes, produce_error: int = 0) -> bytes | None:
     cid = header.correlation_id
-    if header.api_key == API_VERSIONS:
+    if header.api_key == ApiKey.API_VERSIONS:
         return api_versions(cid).response
-    if header.api_key == METADATA:
+    if header.api_key == ApiKey.METADATA:
         return metadata(cid).response
-    if header.api_key == PRODUCE:
+    if header.api_key == ApiKey.PRODUCE:
         if produce_acks(frame, header) == 0:
             return None
         return produce(cid, b"", error_code=produce_error).response
@@ -186,7 +186,7 @@ async def test_causal_order_holds_across_connections(tmp_path):
     capture = make_capture(tmp_path, steps)
 
     async def slow_metadata(_conn: int, header: RequestHeader, frame: bytes) -> bytes | None:
-        if header.api_key == METADATA:
+        if header.api_key == ApiKey.METADATA:
             await trio.sleep(0.2)  # a slow broker, not synchronisation
         return standard_answer(header, frame)
 
@@ -251,7 +251,7 @@ async def test_missing_response_when_the_target_closes(tmp_path):
     capture = make_capture(tmp_path, exchange_steps(0, [api_versions(1), metadata(2), api_versions(3)], 0))
 
     async def close_on_metadata(_conn: int, header: RequestHeader, frame: bytes) -> bytes | None:
-        return b"close" if header.api_key == METADATA else standard_answer(header, frame)
+        return b"close" if header.api_key == ApiKey.METADATA else standard_answer(header, frame)
 
     async with trio.open_nursery() as nursery:
         broker = await FakeBroker(close_on_metadata).start(nursery)
@@ -312,9 +312,9 @@ async def test_stray_responses_are_reported(tmp_path):
 
 def test_error_codes_walks_every_nested_error_code():
     frame = produce(1, b"", error_code=6).response
-    assert error_codes(frame, PRODUCE, 9) == {"responses[events].partition_responses[0].error_code": 6}
-    assert error_codes(produce(1, b"").response, PRODUCE, 9) == {}
-    assert error_codes(frame[:12], PRODUCE, 9) is None
+    assert error_codes(frame, ApiKey.PRODUCE, 9) == {"responses[events].partition_responses[0].error_code": 6}
+    assert error_codes(produce(1, b"").response, ApiKey.PRODUCE, 9) == {}
+    assert error_codes(frame[:12], ApiKey.PRODUCE, 9) is None
 
 
 # -- command line ----------------------------------------------------------------------------
