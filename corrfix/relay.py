@@ -55,6 +55,11 @@ CONNECT_BACKOFF = 0.1
 """First pause between upstream connect attempts; it doubles each time."""
 FLUSH_TIMEOUT = 10.0
 """How long a closing connection may spend delivering what it still owes the client."""
+CLOSE_GRACE = 0.25
+"""Pause between the last answers and the end of stream of a connection the proxy ends
+itself. kafka-python 3 drops answers that arrive in the same read as an end of stream (its
+transport aborts the connection before it parses what it read), and then re-sends those
+requests: the pause lets it read them first."""
 DISCARD_LIMIT = 1024 * 1024
 """Bytes a closing connection reads and discards from a client after its own end of stream,
 so that closing the socket sends a FIN, not a RST that could destroy answers in flight."""
@@ -536,9 +541,11 @@ class ProxyConnection:
     async def _discard_client_input(self, client: trio.SocketStream) -> None:
         """End the client's stream and read until it ends its own, bounded in time and bytes.
 
-        Closing a socket that holds unread bytes makes the kernel send a RST, and a RST can
-        destroy answers the client has not read yet.
+        The end of stream waits CLOSE_GRACE after the last answers. Closing a socket that
+        holds unread bytes makes the kernel send a RST, and a RST can destroy answers the
+        client has not read yet.
         """
+        await trio.sleep(CLOSE_GRACE)
         await client.send_eof()
         discarded = 0
         with trio.move_on_after(self.config.close_linger):

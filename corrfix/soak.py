@@ -31,8 +31,7 @@ import pyarrow.compute as pc
 import trio
 from kafka.record import MemoryRecords
 
-from protocol import parse_request_header
-from protocol.requests import PRODUCE_KEY
+from protocol import ApiKey, parse_request_header
 from protocol.schemas import request_class
 
 from . import workload
@@ -103,6 +102,8 @@ class SoakOutcome:
     chaos: dict[str, int]
     repairs: collections.Counter[str] = field(default_factory=collections.Counter)
     elapsed: float = 0.0
+    group_errors: list[str] = field(default_factory=list)
+    """Errors that stopped a consumer group member (should be none)."""
 
     def problems(self) -> list[str]:
         """Every broken guarantee, in words; an empty list is a pass."""
@@ -128,6 +129,8 @@ class SoakOutcome:
             found.append(f"the consumer group never saw {len(missed)} messages, e.g. {sorted(missed)[:3]}")
         if self.client_order_errors:
             found.append(f"clients saw mismatched answers: {self.client_order_errors[:3]}")
+        if self.group_errors:
+            found.append(f"consumer group members failed: {self.group_errors[:3]}")
         if self.rows_lost:
             found.append(f"the capture lost {self.rows_lost} rows, so the accounting is incomplete")
         return found
@@ -292,6 +295,9 @@ async def _run_workloads(
         wanted |= set(workload.expected_values(plan.messages, IDEMPOTENT_PREFIX))
         await _in_thread(progress.wait_for, wanted, deadline)
         progress.stop.set()
+    # The read-back crosses the same chaos; workload.consume_all retries every transient client
+    # error (a killed connection, a re-bootstrapped broker handle) until read_timeout, and the
+    # verdict then counts what it read, so a retry cannot hide a lost message.
     read_timeout = max(deadline - time.monotonic(), 10.0)
     stored = {}
     for topic in (PLAIN_TOPIC, IDEMPOTENT_TOPIC):
@@ -306,9 +312,10 @@ async def _run_workloads(
         stored_idempotent=stored[IDEMPOTENT_TOPIC],
         group_seen=progress.snapshot(),
         flagged_values=set(),
-        client_order_errors=list(progress.errors),
+        client_order_errors=[],  # from the capture, once it is closed
         rows_lost=0,
         chaos={},
+        group_errors=list(progress.errors),
     )
 
 
@@ -331,7 +338,7 @@ def flagged_produce_values(table: pa.Table) -> set[bytes]:
             r["kind"] == "frame"
             and r["side"] == "client"
             and r["direction"] == "request"
-            and r["api_key"] == PRODUCE_KEY
+            and r["api_key"] == ApiKey.PRODUCE
             and (r["connection_id"], r["client_correlation_id"]) in flagged
         ):
             values.update(produce_values(r["frame"]))
@@ -341,7 +348,7 @@ def flagged_produce_values(table: pa.Table) -> set[bytes]:
 def produce_values(frame: bytes) -> list[bytes]:
     """The record values inside one captured Produce request frame (size prefix included)."""
     header = parse_request_header(frame)
-    cls = request_class(PRODUCE_KEY)
+    cls = request_class(ApiKey.PRODUCE)
     if cls is None or header.body_offset is None:
         return []
     request = cls.decode(bytes(frame[header.body_offset :]), version=header.api_version)

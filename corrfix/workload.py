@@ -6,6 +6,10 @@ bounded in time. From a trio test that also runs a proxy, call these through
 
 Message values are unique (``b"m-000123"``) so a caller can check exactly-once delivery
 with :func:`expected_values` and :func:`duplicates`.
+
+Reads and setup calls retry transient client errors (see :func:`is_transient`) until their
+deadline, because chaos runs kill connections under them; only queries are retried, never
+counted values, so a caller's count still catches every message really missing.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import confluent_kafka
 import confluent_kafka.admin
@@ -30,6 +34,11 @@ import kafka.errors
 
 VALUE_PREFIX = b"m-"
 DEFAULT_TIMEOUT = 30.0
+RETRY_PAUSE = 0.1
+"""Pause between attempts after a transient error (librdkafka's default retry.backoff.ms), so
+errors that come back at once (a destroyed broker handle) do not spin."""
+
+T = TypeVar("T")
 
 
 def make_value(i: int, prefix: bytes = VALUE_PREFIX) -> bytes:
@@ -74,39 +83,163 @@ class ProduceResult:
         return self.delivered == self.attempted and not self.errors and not self.correlation_errors
 
 
+# -- transient errors ------------------------------------------------------------------------
+
+_E = confluent_kafka.KafkaError
+TRANSIENT_CONFLUENT_CODES = frozenset(
+    {
+        # What librdkafka's own rd_kafka_err_action() answers with RETRY or REFRESH (ask again,
+        # perhaps after a metadata refresh) ...
+        _E._TRANSPORT,
+        _E._TIMED_OUT,
+        _E._TIMED_OUT_QUEUE,
+        _E._WAIT_COORD,
+        _E._DESTROY_BROKER,  # a broker handle decommissioned, e.g. by a KIP-899 re-bootstrap
+        _E.LEADER_NOT_AVAILABLE,
+        _E.NOT_LEADER_FOR_PARTITION,
+        _E.BROKER_NOT_AVAILABLE,
+        _E.REPLICA_NOT_AVAILABLE,
+        _E.COORDINATOR_NOT_AVAILABLE,
+        _E.NOT_COORDINATOR,
+        _E.COORDINATOR_LOAD_IN_PROGRESS,
+        _E.KAFKA_STORAGE_ERROR,
+        _E.REQUEST_TIMED_OUT,
+        _E.NOT_ENOUGH_REPLICAS,
+        _E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        # ... and the local and broker states that only mean "not known (again) yet".
+        _E._ALL_BROKERS_DOWN,
+        _E._RESOLVE,
+        _E._NODE_UPDATE,
+        _E._UNKNOWN_BROKER,
+        _E._UNKNOWN_PARTITION,  # leader not yet known after a reconnect
+        _E._WAIT_CACHE,
+        _E._RETRY,
+        _E.NETWORK_EXCEPTION,
+        _E.UNKNOWN_TOPIC_OR_PART,
+        _E.FENCED_LEADER_EPOCH,
+        _E.UNKNOWN_LEADER_EPOCH,
+        _E.OFFSET_NOT_AVAILABLE,
+    }
+)
+"""confluent-kafka error codes a read-back asks again after. Each is about a connection, a broker
+handle or cluster state, never about the data. Left out on purpose: ``_DESTROY`` (our own handle
+is closing), ``_SSL`` (usually configuration), ``_BAD_MSG`` and ``INVALID_MSG`` (damaged data
+must fail loudly). ``KafkaError.retriable()`` alone is not enough: confluent-kafka sets it only
+for errors librdkafka hands over as ``rd_kafka_error_t`` (admin, transactions), never for the
+plain error codes that ``get_watermark_offsets`` or ``list_topics`` raise."""
+
+
+def is_transient_confluent(error: confluent_kafka.KafkaError) -> bool:
+    """True when asking again may succeed; a fatal error never is (the client is unusable)."""
+    if error.fatal():
+        return False
+    return error.retriable() or error.code() in TRANSIENT_CONFLUENT_CODES
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a client error that a retry may cure, from either client library.
+
+    kafka-python marks its retriable errors itself (``RetriableError`` and friends), except
+    that a CorrelationIdError is never transient here: it means an answer reached the wrong
+    request, which is exactly what corrfix must never let happen, so it must stay loud.
+    """
+    if isinstance(exc, confluent_kafka.KafkaException):
+        error = exc.args[0] if exc.args else None
+        return isinstance(error, confluent_kafka.KafkaError) and is_transient_confluent(error)
+    if isinstance(exc, kafka.errors.CorrelationIdError):
+        return False
+    return isinstance(exc, kafka.errors.KafkaError) and bool(exc.retriable)
+
+
+def retry_transient(
+    call: Callable[[], T],
+    deadline: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``call()``, repeated after each transient error until ``deadline``.
+
+    A non-transient error is raised at once; a transient one still failing at the deadline
+    is raised then, so a read-back that cannot finish says why instead of returning short.
+    Retrying a query never adds values, so it cannot hide a loss: callers count what they read.
+    """
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc) or clock() >= deadline:
+                raise
+        sleep(max(min(RETRY_PAUSE, deadline - clock()), 0.0))
+
+
 # -- topics ----------------------------------------------------------------------------------
 
 
 def create_topic(
     bootstrap: str, name: str, partitions: int = 1, *, exist_ok: bool = False, timeout: float = 10.0
 ) -> None:
-    """Create ``name`` with kafka-python's admin client (replication factor 1)."""
-    admin = kafka.KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=int(timeout * 1000),
-        bootstrap_timeout_ms=int(timeout * 1000),
-        client_id="corrfix-tests-admin",
-    )
-    try:
-        admin.create_topics(
-            [kafka.admin.NewTopic(name, partitions, 1)], timeout_ms=int(timeout * 1000), raise_errors=True
+    """Create ``name`` with kafka-python's admin client (replication factor 1).
+
+    Transient errors are retried until ``timeout``. A retry that finds the topic existing
+    counts as success: the attempt before it failed without reporting "already exists", so
+    the topic is taken to be the one that attempt created before its answer was lost.
+    """
+    deadline = time.monotonic() + timeout
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        attempts += 1
+        budget_ms = int(max(deadline - time.monotonic(), 1.0) * 1000)
+        admin = kafka.KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=budget_ms,
+            bootstrap_timeout_ms=budget_ms,
+            client_id="corrfix-tests-admin",
         )
-    except kafka.errors.TopicAlreadyExistsError:
-        if not exist_ok:
-            raise
-    finally:
-        admin.close()
+        try:
+            admin.create_topics(
+                [kafka.admin.NewTopic(name, partitions, 1)], timeout_ms=budget_ms, raise_errors=True
+            )
+        except kafka.errors.TopicAlreadyExistsError:
+            if not exist_ok and attempts == 1:
+                raise
+        finally:
+            admin.close()
+
+    retry_transient(attempt, deadline)
 
 
 def create_topic_confluent(bootstrap: str, name: str, partitions: int = 1, *, timeout: float = 10.0) -> None:
-    """Create ``name`` with confluent-kafka's AdminClient (replication factor 1)."""
+    """Create ``name`` with confluent-kafka's AdminClient (replication factor 1).
+
+    Transient errors are retried until ``timeout``, like :func:`create_topic`.
+    """
+    deadline = time.monotonic() + timeout
     admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics(
-        [confluent_kafka.admin.NewTopic(name, partitions, 1)],
-        operation_timeout=timeout,
-        request_timeout=timeout,
-    )
-    futures[name].result(timeout=timeout)
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        attempts += 1
+        budget = max(deadline - time.monotonic(), 1.0)
+        futures = admin.create_topics(
+            [confluent_kafka.admin.NewTopic(name, partitions, 1)],
+            operation_timeout=budget,
+            request_timeout=budget,
+        )
+        try:
+            futures[name].result(timeout=budget)
+        except confluent_kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            already = isinstance(error, confluent_kafka.KafkaError) and (
+                error.code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS
+            )
+            if not already or attempts == 1:
+                raise
+
+    retry_transient(attempt, deadline)
 
 
 # -- kafka-python ----------------------------------------------------------------------------
@@ -261,14 +394,28 @@ def consume_kafka_python(
         consumer.seek_to_beginning(*tps)
         values: list[bytes] = []
 
+        def budget_ms() -> int:
+            return int(max(min(5.0, deadline - time.monotonic()), 0.1) * 1000)
+
         def end_offsets() -> dict[int, int]:
-            return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+            def ask() -> dict[int, int]:
+                return {tp.partition: off for tp, off in consumer.end_offsets(tps, budget_ms()).items()}
+
+            return retry_transient(ask, deadline)
 
         def positions() -> dict[int, int]:
-            return {tp.partition: consumer.position(tp) for tp in tps}
+            def ask() -> dict[int, int]:
+                # None: the position is being reset and not known yet, so not caught up either.
+                found = {tp.partition: consumer.position(tp, timeout_ms=budget_ms()) for tp in tps}
+                return {p: -1 if pos is None else pos for p, pos in found.items()}
+
+            return retry_transient(ask, deadline)
 
         def poll(wait: float) -> int:
-            batches = consumer.poll(timeout_ms=int(wait * 1000), max_records=5000)
+            def ask() -> dict[Any, list[Any]]:
+                return consumer.poll(timeout_ms=int(wait * 1000), max_records=5000)
+
+            batches = retry_transient(ask, deadline)
             got = [r.value for records in batches.values() for r in records]
             values.extend(got)
             return len(got)
@@ -338,16 +485,6 @@ def produce_confluent(
     return result
 
 
-_TRANSIENT = frozenset(
-    {
-        confluent_kafka.KafkaError._TRANSPORT,
-        confluent_kafka.KafkaError._TIMED_OUT,
-        confluent_kafka.KafkaError._ALL_BROKERS_DOWN,
-        confluent_kafka.KafkaError._UNKNOWN_PARTITION,  # leader not yet known after a reconnect
-    }
-)
-
-
 def consume_confluent(
     bootstrap: str,
     topic: str,
@@ -388,20 +525,16 @@ def consume_confluent(
         values: list[bytes] = []
         next_offsets = dict.fromkeys(ids, 0)
 
+        def end_offset(p: int) -> int:
+            wait = max(min(5.0, deadline - time.monotonic()), 0.1)
+            tp = confluent_kafka.TopicPartition(topic, p)
+            return consumer.get_watermark_offsets(tp, timeout=wait, cached=False)[1]
+
         def end_offsets() -> dict[int, int]:
-            ends: dict[int, int] = {}
-            for p in ids:
-                while True:
-                    wait = max(min(5.0, deadline - time.monotonic()), 0.1)
-                    try:
-                        tp = confluent_kafka.TopicPartition(topic, p)
-                        ends[p] = consumer.get_watermark_offsets(tp, timeout=wait, cached=False)[1]
-                        break
-                    except confluent_kafka.KafkaException as exc:
-                        # A dropped connection: librdkafka reconnects on its own, so ask again.
-                        if time.monotonic() >= deadline or exc.args[0].code() not in _TRANSIENT:
-                            raise
-            return ends
+            # A killed connection to a cluster's only broker makes librdkafka (2.10+) re-bootstrap
+            # and destroy that broker's handle, failing the query with _DESTROY_BROKER; it
+            # reconnects on its own, so every transient error is asked again.
+            return {p: retry_transient(functools.partial(end_offset, p), deadline) for p in ids}
 
         def poll(wait: float) -> int:
             got = 0
@@ -426,6 +559,8 @@ def consume_confluent(
 
 GROUP_SESSION_TIMEOUT_MS = 6000
 """Short, because Tansu holds the first JoinGroup of a group for half the session timeout."""
+COMMIT_GRACE = 10.0
+"""Seconds a group read's final commit may keep retrying transient errors past its deadline."""
 
 
 def consume_group(
@@ -472,7 +607,8 @@ def consume_group(
         while len(values) < limit and time.monotonic() < deadline:
             values.extend(poll(limit - len(values)))
         if values:
-            commit()
+            # Committing the same offsets again is harmless; the commit may outlive the read.
+            retry_transient(commit, max(deadline, time.monotonic() + COMMIT_GRACE))
         return values
     finally:
         close()
@@ -558,9 +694,12 @@ def consume_all(
 
 
 def _wait_for(probe: Any, deadline: float, what: str) -> Any:
-    """Call ``probe`` until it returns something truthy, or raise TimeoutError at ``deadline``."""
+    """Call ``probe`` until it returns something truthy, or raise TimeoutError at ``deadline``.
+
+    A transient client error counts as "not yet"; one still failing at the deadline is raised.
+    """
     while True:
-        value = probe()
+        value = retry_transient(probe, deadline)
         if value:
             return value
         if time.monotonic() >= deadline:
