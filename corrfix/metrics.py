@@ -46,6 +46,11 @@ class ProxyMetrics:
         self.bytes = Counter(
             "corrfix_bytes", "Bytes relayed, by side and direction", ["side", "direction"], registry=r
         )
+        # The four byte counters a relay bumps per receive and per send, looked up once.
+        self.client_request_bytes = self.bytes.labels("client", "request")
+        self.upstream_request_bytes = self.bytes.labels("upstream", "request")
+        self.upstream_response_bytes = self.bytes.labels("upstream", "response")
+        self.client_response_bytes = self.bytes.labels("client", "response")
         self.outstanding = Gauge("corrfix_outstanding_requests", "Requests awaiting an answer", registry=r)
         self.held_bytes = Gauge("corrfix_held_response_bytes", "Answers held for client order", registry=r)
         self._request_children: dict[int, Counter] = {}

@@ -443,7 +443,7 @@ class ProxyConnection:
                 self._on_client_eof(decoder)
                 return
             if self.metrics is not None:
-                self.metrics.bytes.labels(Side.CLIENT, Direction.REQUEST).inc(len(data))
+                self.metrics.client_request_bytes.inc(len(data))
             frames = decoder.feed(data)
             if not decoder.buffered:
                 self._partial_since = None
@@ -484,7 +484,7 @@ class ProxyConnection:
                 data = await receiver.receive()
                 now = self._last_activity = trio.current_time()
                 if data and self.metrics is not None:
-                    self.metrics.bytes.labels(Side.UPSTREAM, Direction.RESPONSE).inc(len(data))
+                    self.metrics.upstream_response_bytes.inc(len(data))
                 if not data:
                     if decoder.buffered:
                         self.log.warning("upstream closed mid-frame", buffered=decoder.buffered)
@@ -606,10 +606,10 @@ class ProxyConnection:
         assert self.metrics is not None
         if actions.to_upstream:
             sent = sum(len(frame) for frame in actions.to_upstream)
-            self.metrics.bytes.labels(Side.UPSTREAM, Direction.REQUEST).inc(sent)
+            self.metrics.upstream_request_bytes.inc(sent)
         if actions.to_client:
             sent = sum(len(frame) for frame in actions.to_client)
-            self.metrics.bytes.labels(Side.CLIENT, Direction.RESPONSE).inc(sent)
+            self.metrics.client_response_bytes.inc(sent)
 
     def _observe(self, actions: Actions) -> None:
         observer = self.observer
