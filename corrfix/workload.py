@@ -26,8 +26,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-import confluent_kafka
-import confluent_kafka.admin
+try:
+    import confluent_kafka
+    import confluent_kafka.admin
+except ImportError as exc:  # a plain install has no demo clients
+    raise ImportError(
+        "corrfix's workloads drive real clients and need confluent-kafka: pip install 'corrfix[demo]'"
+    ) from exc
 import kafka
 import kafka.admin
 import kafka.errors
