@@ -1,7 +1,7 @@
 """Fuzz bench: 10⁶ damaged frames, streams and hostile repair-machine runs, with failures reported.
 
-Runs the targets of the fuzz tests (``tests/protocol/fuzz_targets.py``,
-``tests/corrfix/repair_fuzz.py``) far beyond the tests' budget. Each case gets its own
+Runs the targets of the fuzz tests (``protocol/testing/_fuzz.py``,
+``corrfix/lab/_repair_fuzz.py``) far beyond the tests' budget. Each case gets its own
 seed, so a failure prints a one-line reproducer:
 
     python bench/fuzz.py                      # 10^6 cases: 90 % wire layer, 10 % repair machine
@@ -29,11 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the targets live with the tests
-
-from tests.corrfix.repair_fuzz import run_case  # noqa: E402
-from tests.protocol.fuzz_targets import (  # noqa: E402
+from corrfix.lab import run_repair_case
+from protocol.testing import (
     one_case,
     request_seeds,
     request_target,
@@ -43,6 +40,7 @@ from tests.protocol.fuzz_targets import (  # noqa: E402
     varint_target,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CASE_SEED_STRIDE = 1 << 32
 """Case ``i`` of a run with seed ``s`` uses ``random.Random(s * stride + i)``."""
@@ -54,7 +52,7 @@ def protocol_case(rnd: random.Random) -> str:
 
 
 def repair_case(rnd: random.Random) -> str:
-    harness = run_case(rnd)
+    harness = run_repair_case(rnd)
     if harness.rejected is not None:
         return "repair:rejected"
     return "repair:closed" if harness.closed is not None else "repair:settled"
@@ -144,7 +142,7 @@ def run_hypothesis(examples: int) -> dict:
     @config
     @given(rnd=st.randoms(use_true_random=False))
     def repair(rnd: random.Random) -> None:
-        run_case(rnd)
+        run_repair_case(rnd)
 
     report: dict = {}
     for name, test in (("protocol", protocol), ("repair", repair)):

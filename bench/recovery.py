@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from corrfix import workload
-from corrfix.demo import sync_scene
+from corrfix.lab import sync_scene, workload
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import timeit
 
 from protocol import ApiKey
-from protocol.rewrite import rewrite_response
-from protocol.schemas import response_class
+from protocol._rewrite import rewrite_response
+from protocol._schemas import response_class
 
 PRODUCE_VERSION = 11
 FETCH_VERSION = 16

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from corrfix.soak import SoakPlan, run_soak
+from corrfix.lab import SoakPlan, run_soak
 
 RESULTS = Path(__file__).parent / "results"
 

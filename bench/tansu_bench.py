@@ -15,9 +15,8 @@ import procstat
 import targets
 from stats import median, ratio
 
-from corrfix import workload
-from corrfix.netutil import free_port
-from corrfix.tansu import TansuBroker
+from corrfix._netutil import free_port
+from corrfix.lab import TansuBroker, workload
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from corrfix.launch import CorrfixProcess
-from corrfix.netutil import LOOPBACK, can_connect, free_port
+from corrfix._netutil import can_connect, free_port
+from corrfix.core import LOOPBACK
+from corrfix.lab import CorrfixProcess
 
 HERE = Path(__file__).parent
 

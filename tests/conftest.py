@@ -11,8 +11,8 @@ from typing import Protocol
 
 import pytest
 
-from corrfix.netutil import LOOPBACK
-from corrfix.tansu import TansuBroker
+from corrfix.core import LOOPBACK
+from corrfix.lab import TansuBroker
 
 BROKER_FIXTURES = frozenset({"tansu", "tansu_factory"})
 

@@ -9,11 +9,10 @@ import urllib.request
 
 import pytest
 
-from corrfix import workload
-from corrfix.cli import build_parser
-from corrfix.demo import audit_capture
-from corrfix.launch import CorrfixProcess
-from corrfix.netutil import free_port
+from corrfix._cli import build_parser
+from corrfix._netutil import free_port
+from corrfix.lab import CorrfixProcess, workload
+from corrfix.lab._demo import audit_capture
 
 
 def test_proxy_help_documents_every_repair_option():
@@ -34,7 +33,7 @@ def test_proxy_help_documents_every_repair_option():
 
 def test_audit_is_a_command_that_needs_pyspark_only_when_it_runs():
     script = (
-        "import sys; from corrfix.cli import build_parser; "
+        "import sys; from corrfix._cli import build_parser; "
         "args = build_parser().parse_args(['audit', 'DIR', '-o', 'OUT', '--fail-on', 'error']); "
         "print(args.fail_on, 'pyspark' in sys.modules)"
     )

@@ -20,13 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import ApiKey
-from protocol.errors import FrameSizeError, ProtocolError
-from protocol.framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder
-from protocol.headers import parse_request_header
-from protocol.requests import produce_acks
-from protocol.schemas import is_flexible
-
-from .fuzz_targets import (
+from protocol._errors import FrameSizeError, ProtocolError
+from protocol._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder
+from protocol._headers import parse_request_header
+from protocol._requests import produce_acks
+from protocol._schemas import is_flexible
+from protocol.testing import (
     BAD_VARINTS,
     MUTATIONS,
     STREAM_MAX_FRAME,

@@ -11,10 +11,9 @@ from kafka.protocol.api_header import RequestHeader as KafkaRequestHeader
 from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
 from protocol import ApiKey
-from protocol.encoding import encode_request, encode_response
-from protocol.errors import ProtocolError
-from protocol.framing import frame
-from protocol.headers import (
+from protocol._errors import ProtocolError
+from protocol._framing import frame
+from protocol._headers import (
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
@@ -24,8 +23,8 @@ from protocol.headers import (
     response_correlation_id,
     response_header_version,
 )
-from protocol.schemas import api_schemas, is_flexible, request_class, response_class
-from protocol.varint import encode_uvarint
+from protocol._schemas import api_schemas, is_flexible, request_class, response_class
+from protocol.testing import encode_request, encode_response, encode_uvarint
 
 ALL_CASES = [(k, v) for k in sorted(api_schemas()) for v in range(request_class(k).max_version + 1)]
 FLEXIBLE_CASES = [(k, v) for k, v in ALL_CASES if is_flexible(k, v)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 
 import pytest
 from hypothesis import given, settings
@@ -11,19 +10,17 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceRequest
-from kafka.record.default_records import DefaultRecordBatchBuilder
-from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from protocol.encoding import encode_request
-from protocol.errors import ProtocolError
-from protocol.framing import frame
-from protocol.headers import RequestHeader, parse_request_header
-from protocol.requests import expects_response, fetch_max_wait_ms, produce_acks, produce_is_idempotent
+from protocol._errors import ProtocolError
+from protocol._framing import frame
+from protocol._headers import RequestHeader, parse_request_header
+from protocol._requests import expects_response, fetch_max_wait_ms, produce_acks, produce_is_idempotent
+from protocol.testing import encode_request
+from tests.support.produce_frames import TOPIC_ID, legacy_batch, produce_frame, record_batch
 
 PRODUCE_VERSIONS = list(range(ProduceRequest.max_version + 1))
 TRANSACTIONAL_PRODUCE_VERSIONS = [v for v in PRODUCE_VERSIONS if v >= 3]
 FETCH_VERSIONS = list(range(FetchRequest.max_version + 1))
-TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 ACKS = st.sampled_from([-1, 0, 1])
 INT16 = st.integers(-(2**15), 2**15 - 1)
@@ -36,59 +33,6 @@ TRANSACTIONAL_IDS = st.one_of(
 )
 # kafka-python compiles codecs on first use; that must not count against the deadline.
 SLOW = settings(deadline=None, max_examples=60)
-
-
-def record_batch(producer_id: int, *, transactional: bool = False, records: int = 1, compression: int = 0):
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=producer_id,
-        producer_epoch=0 if producer_id >= 0 else -1,
-        base_sequence=0 if producer_id >= 0 else -1,
-        batch_size=1 << 20,
-    )
-    for i in range(records):
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b"v" * i, headers=[])
-    return bytes(builder.build())
-
-
-def legacy_batch() -> bytes:
-    builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
-    builder.append(0, timestamp=1_700_000_000_000, key=b"k", value=b"v")
-    return bytes(builder.build())
-
-
-def topic(version: int, partitions):
-    P = ProduceRequest
-    key = {"topic_id": TOPIC_ID} if version >= 13 else {"name": "t"}
-    return P.TopicProduceData(
-        **key,
-        partition_data=[
-            P.TopicProduceData.PartitionProduceData(index=i, records=r) for i, r in enumerate(partitions)
-        ],
-    )
-
-
-def produce_frame(
-    version: int,
-    *,
-    transactional_id: str | None = None,
-    acks: int = 1,
-    timeout_ms: int = 30_000,
-    topics: list[list[bytes | None]] | None = None,
-    client_id: str | None = "producer-1",
-):
-    if topics is None:
-        topics = [[record_batch(1000)]]
-    request = ProduceRequest[version](
-        transactional_id=transactional_id,
-        acks=acks,
-        timeout_ms=timeout_ms,
-        topic_data=[topic(version, parts) for parts in topics],
-    )
-    framed = bytearray(encode_request(request, correlation_id=77, client_id=client_id))
-    return framed, parse_request_header(framed)
 
 
 def acks_position(version: int, transactional_id: str | None) -> int:

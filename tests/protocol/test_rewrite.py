@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import ApiKey
-from protocol.errors import ProtocolError
-from protocol.headers import response_header_version
-from protocol.rewrite import (
+from protocol._errors import ProtocolError
+from protocol._headers import response_header_version
+from protocol._rewrite import (
     REWRITTEN_API_KEYS,
     UndecodableVersionError,
     decode_response_body,
@@ -20,10 +20,9 @@ from protocol.rewrite import (
     needs_rewrite,
     rewrite_response,
 )
-from protocol.schemas import api_schemas, response_class
-from protocol.varint import encode_uvarint
-
-from .message_strategies import messages, tagged_section
+from protocol._schemas import api_schemas, response_class
+from protocol.testing import encode_uvarint
+from tests.support.message_strategies import messages, tagged_section
 
 # Written from the JSON schemas and KIP-951, independently of the module under test.
 FIRST_VERSION_WITH_ADDRESSES = {

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.schemas import ApiSchema, api_name, api_schemas, is_flexible, request_class, response_class
+from protocol._schemas import ApiSchema, api_name, api_schemas, is_flexible, request_class, response_class
 
 NO_FLEX = (-1, -1)
 OPEN = 32767

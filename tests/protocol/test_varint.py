@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
-from protocol.errors import ProtocolError
-from protocol.varint import MAX_VARINT_BYTES, encode_uvarint, read_tagged_fields, read_uvarint
+from protocol._errors import ProtocolError
+from protocol._varint import MAX_VARINT_BYTES, read_tagged_fields, read_uvarint
+from protocol.testing import encode_uvarint
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
 JUNK = st.binary(max_size=16)

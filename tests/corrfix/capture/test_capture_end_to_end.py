@@ -19,20 +19,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from corrfix import workload as clients
-from corrfix.capture.info import capture_info
-from corrfix.capture.pcapng import export_pcapng
-from corrfix.capture.reader import read_capture
-from corrfix.capture.summary import read_summaries
-from corrfix.capture.writer import CaptureWriter
-from corrfix.chaos import ChaosRules
-from corrfix.chaos_relay import ChaosConfig, ChaosRelay, serve_chaos
-from corrfix.netutil import free_port
-from corrfix.relay import Address, Proxy, ProxyConfig
-from corrfix.repair import RepairConfig
-from corrfix.tansu import TansuBroker
+from corrfix._netutil import free_port
+from corrfix.capture import CaptureWriter, capture_info, read_capture, read_summaries
+from corrfix.capture.pcap import export_pcapng
+from corrfix.chaos import ChaosConfig, ChaosRelay, ChaosRules, serve_chaos
+from corrfix.core import Address, RepairConfig
+from corrfix.lab import TansuBroker
+from corrfix.lab import workload as clients
+from corrfix.proxy import Proxy, ProxyConfig
 from protocol import ApiKey
-from tests.corrfix.capture.watch import Watch
+from tests.support.watch import Watch
 
 pytestmark = pytest.mark.broker
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import trio
 
-from corrfix.capture.reader import read_capture
-from corrfix.capture.writer import CaptureWriter
-from corrfix.relay import Address, Proxy, ProxyConfig
-from corrfix.repair import RepairConfig
+from corrfix.capture import CaptureWriter, read_capture
+from corrfix.core import Address, RepairConfig
+from corrfix.proxy import Proxy, ProxyConfig
 from protocol import ApiKey
-from tests.corrfix.capture.watch import Watch
-from tests.corrfix.repair_model import request_frame
-from tests.fake_broker import FakeBroker, answers, read_frames
+from protocol.testing import request_frame
+from tests.support.fake_broker import FakeBroker, answers, read_frames
+from tests.support.watch import Watch
 
 
 # The echo broker's answers are no real Kafka bodies: use an api whose answers are never rewritten.

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
-from corrfix.capture.info import capture_info, render_info
-from corrfix.capture.writer import CaptureWriter
-from corrfix.repair import RepairConfig
+from corrfix.capture import CaptureWriter, capture_info, render_info
+from corrfix.core import RepairConfig
 from protocol import ApiKey
-from tests.corrfix.capture.shell import Shell
-from tests.corrfix.capture.test_writer import run_repair_scenario
-from tests.corrfix.repair_model import request_frame
+from protocol.testing import request_frame
+from tests.support.capture_shell import Shell, run_repair_scenario
 
 
 def test_info_counts_connections_frames_repairs_and_time(tmp_path):

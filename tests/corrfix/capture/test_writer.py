@@ -12,17 +12,21 @@ import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest, SaslHandshakeResponse
 
-from corrfix.capture.files import CaptureFiles
-from corrfix.capture.reader import capture_files, iter_batches, read_capture
-from corrfix.capture.schema import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
-from corrfix.capture.summary import read_summaries
-from corrfix.capture.writer import CaptureWriter, add_capture_arguments, capture_writer_from_args
-from corrfix.repair import RepairConfig
+from corrfix.capture import (
+    CaptureFiles,
+    CaptureWriter,
+    add_capture_arguments,
+    capture_files,
+    capture_writer_from_args,
+    iter_batches,
+    read_capture,
+    read_summaries,
+)
+from corrfix.capture.format import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
+from corrfix.core import RepairConfig
 from protocol import ApiKey, parse_request_header
-from protocol.encoding import encode_request, encode_response
-from tests.corrfix.capture.shell import Shell
-from tests.corrfix.repair_model import request_frame, response_frame
-from tests.fake_broker import api_versions_answer
+from protocol.testing import encode_request, encode_response, request_frame, response_frame
+from tests.support.capture_shell import Shell, run_repair_scenario
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -35,21 +39,6 @@ def frames_where(rows: list[dict], side: str, direction: str) -> list[dict]:
 
 def ids(rows: list[dict], first: str, second: str) -> list[tuple]:
     return [(r[first], r[second]) for r in rows]
-
-
-def run_repair_scenario(shell: Shell) -> None:
-    """A lost answer found by a later one, an answered acks=0 Produce, a loss found by a probe."""
-    shell.open()
-    shell.client_sends(*(request_frame(ApiKey.METADATA, 100 + i, i) for i in range(3)))  # upstream 0, 1, 2
-    shell.broker_answers(response_frame(1, 1), response_frame(2, 2))  # 0 lost: re-sent as 3
-    shell.broker_answers(response_frame(3, 0))
-    shell.client_sends(request_frame(ApiKey.PRODUCE, 103, 3, acks=0))  # upstream 4
-    shell.broker_answers(response_frame(4, 3))  # a stray reply to acks=0
-    shell.client_sends(request_frame(ApiKey.METADATA, 104, 4))  # upstream 5, its answer lost
-    shell.tick(10.0)  # probe: upstream 6
-    shell.broker_answers(api_versions_answer(6))  # the probe overtakes 5: re-sent as 7
-    shell.broker_answers(response_frame(7, 4))
-    shell.close()
 
 
 def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):

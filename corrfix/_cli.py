@@ -1,0 +1,423 @@
+"""The ``corrfix`` command line: ``proxy``, ``chaos`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import structlog
+import trio
+
+from corrfix.core import Address, BrokerPorts, RepairConfig
+from corrfix.proxy import (
+    ConfigError,
+    ListenError,
+    Proxy,
+    ProxyConfig,
+    ProxyMetrics,
+    add_tls_arguments,
+    configure_logging,
+    defaults_from_toml,
+    tls_config_from_args,
+)
+
+log = structlog.get_logger("corrfix")
+DRAIN_TIMEOUT = 30.0
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+
+
+def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    defaults = RepairConfig()
+    relay_defaults = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 0))
+    p = subparsers.add_parser(
+        "proxy",
+        help="relay Kafka clients to a broker, repairing lost and out-of-order responses",
+        description="Relay every Kafka request to the upstream broker with proxy-owned correlation "
+        "ids; re-queue requests whose answers were skipped or lost, drop stray answers, and "
+        "deliver answers to each client strictly in its request order.",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML file of these settings (long option names as keys); flags override it",
+    )
+    p.add_argument("--listen", type=Address.parse, metavar="HOST:PORT", help="where clients connect")
+    p.add_argument("--upstream", type=Address.parse, metavar="HOST:PORT", help="the bootstrap broker")
+    p.add_argument(
+        "--probe-after",
+        type=float,
+        default=defaults.probe_after,
+        metavar="SECONDS",
+        help="longest wait for the oldest answer before a probe is sent; Fetch adds its max_wait_ms "
+        f"(default {defaults.probe_after})",
+    )
+    p.add_argument(
+        "--probe-min",
+        type=float,
+        default=defaults.probe_min,
+        metavar="SECONDS",
+        help="shortest adaptive probe timeout, learned per api key from observed latency "
+        f"(default {defaults.probe_min})",
+    )
+    p.add_argument(
+        "--max-requeues",
+        type=int,
+        default=defaults.max_requeues,
+        help=f"re-sends of one request before its client is disconnected (default {defaults.max_requeues})",
+    )
+    p.add_argument(
+        "--request-deadline",
+        type=float,
+        default=defaults.request_deadline,
+        metavar="SECONDS",
+        help="disconnect a client whose request is unanswered this long "
+        f"(default {defaults.request_deadline:g})",
+    )
+    p.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=defaults.max_outstanding,
+        help=f"unanswered requests per connection before reading pauses (default {defaults.max_outstanding})",
+    )
+    p.add_argument(
+        "--max-held-bytes",
+        type=int,
+        default=defaults.max_held_bytes,
+        help="bytes of out-of-order answers held per connection before reading pauses "
+        f"(default {defaults.max_held_bytes})",
+    )
+    p.add_argument(
+        "--produce-policy",
+        choices=["requeue", "disconnect"],
+        default=defaults.produce_policy,
+        help="what to do when the answer to a Produce without a producer id is lost: re-send it "
+        "(at-least-once; logged as a possible duplicate) or disconnect the client (default requeue)",
+    )
+    p.add_argument(
+        "--no-client-compat",
+        dest="client_compat",
+        action="store_false",
+        default=defaults.client_compat,
+        help="relay answers unchanged even to clients known to misread them; by default the "
+        "ApiVersions answer to librdkafka 1.4.0 to 2.1.1 (e.g. Debian 12's kcat) loses its optional "
+        "tagged fields, counted as client_compat (in --config: client-compat = false)",
+    )
+    cluster = p.add_argument_group("keeping clients on the proxy")
+    cluster.add_argument(
+        "--advertised-host",
+        metavar="HOST",
+        help="host clients are told for every broker listener (default: the --listen host; "
+        "required when listening on a wildcard address)",
+    )
+    cluster.add_argument(
+        "--broker-port",
+        type=_node_port,
+        action="append",
+        default=[],
+        metavar="NODE=PORT",
+        help="proxy port that stands in for broker NODE (repeatable)",
+    )
+    cluster.add_argument(
+        "--broker-port-base",
+        type=int,
+        metavar="PORT",
+        help="brokers without --broker-port get PORT + node id (default: any free port)",
+    )
+    cluster.add_argument(
+        "--no-rewrite",
+        dest="rewrite",
+        action="store_false",
+        help="relay bytes only: do not rewrite broker addresses nor cap ApiVersions",
+    )
+    p.add_argument(
+        "--metrics", type=Address.parse, metavar="HOST:PORT", help="serve Prometheus metrics at /metrics"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N proxy processes sharing the listen ports (SO_REUSEPORT); a connection lives in "
+        "one of them and --metrics sums them all (default 1)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    limits = p.add_argument_group("limits")
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=relay_defaults.max_connections,
+        help=f"client connections beyond this are closed at once (default {relay_defaults.max_connections})",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=relay_defaults.idle_timeout,
+        metavar="SECONDS",
+        help="close a connection with nothing outstanding and no traffic this long "
+        f"(default {relay_defaults.idle_timeout:g})",
+    )
+    limits.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=relay_defaults.frame_timeout,
+        metavar="SECONDS",
+        help="close a client whose request frame stays incomplete this long (slowloris) "
+        f"(default {relay_defaults.frame_timeout:g})",
+    )
+    limits.add_argument(
+        "--close-linger",
+        type=float,
+        default=relay_defaults.close_linger,
+        metavar="SECONDS",
+        help="after a client leaves, every request it sent is passed on and the broker side "
+        "half-closed; wait this long for the broker to close before closing anyway "
+        f"(default {relay_defaults.close_linger:g})",
+    )
+    limits.add_argument(
+        "--connect-retries",
+        type=int,
+        default=relay_defaults.connect_retries,
+        help=f"upstream connect retries, with backoff (default {relay_defaults.connect_retries})",
+    )
+    limits.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DRAIN_TIMEOUT,
+        metavar="SECONDS",
+        help="on SIGTERM, stop accepting and let outstanding requests finish this long; "
+        f"SIGINT or a second SIGTERM stops at once (default {DRAIN_TIMEOUT:g})",
+    )
+    p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
+    p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
+    from corrfix.capture._writer import add_capture_arguments
+
+    add_capture_arguments(p)
+    add_tls_arguments(p)
+    _add_common(p)
+    p.set_defaults(run=_run_proxy)
+    return p
+
+
+def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    return ProxyConfig(
+        listen=args.listen,
+        upstream=args.upstream,
+        repair=RepairConfig(
+            probe_after=args.probe_after,
+            probe_min=args.probe_min,
+            max_requeues=args.max_requeues,
+            request_deadline=args.request_deadline,
+            max_outstanding=args.max_outstanding,
+            max_held_bytes=args.max_held_bytes,
+            produce_policy=args.produce_policy,
+            client_compat=args.client_compat,
+        ),
+        max_frame_size=args.max_frame_size,
+        connect_timeout=args.connect_timeout,
+        connect_retries=args.connect_retries,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        frame_timeout=args.frame_timeout,
+        close_linger=args.close_linger,
+        reuse_port=args.reuse_port,
+        rewrite=args.rewrite,
+        advertised_host=args.advertised_host,
+        broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
+        tls=tls_config_from_args(args),
+    )
+
+
+def _node_port(text: str) -> tuple[int, int]:
+    node, sep, port = text.partition("=")
+    if not sep or not node.strip().lstrip("-").isdigit() or not port.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected NODE=PORT, got {text!r}")
+    return int(node), int(port)
+
+
+def _run_proxy(args: argparse.Namespace) -> int:
+    from corrfix.capture._writer import capture_writer_from_args
+
+    if args.workers > 1:
+        from corrfix.proxy._workers import run_workers
+
+        return run_workers(args.raw_argv[1:], args.workers, args.metrics)
+
+    metrics = ProxyMetrics() if args.metrics else None
+    try:
+        writer = capture_writer_from_args(args)
+        proxy = Proxy(proxy_config_from_args(args), observer=writer, metrics=metrics)
+        if metrics is not None:
+            metrics.serve(args.metrics)
+    except (ValueError, OSError) as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
+    if writer is not None:
+        writer.start()
+    try:
+        drain = functools.partial(proxy.drain, args.drain_timeout)
+        trio.run(functools.partial(run_until_signalled, proxy.serve, drain=drain))
+    except ExceptionGroup as group:
+        cannot_listen, rest = group.split(ListenError)
+        if cannot_listen is None:
+            raise
+        if rest is not None:
+            raise rest from None
+        log.error("cannot start", error=str(_first_leaf(cannot_listen)))
+        return 2
+    finally:
+        if writer is not None:
+            writer.close()
+    log.info("proxy stopped", connections=proxy.stats.connections_opened, **dict(proxy.stats.repairs))
+    return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception inside a (possibly nested) exception group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def run_until_signalled(
+    main: Callable[[], Awaitable[object]], drain: Callable[[], None] | None = None
+) -> None:
+    """Run ``main`` until it returns or a signal stops it.
+
+    With ``drain``, the first SIGTERM calls it and ``main`` is left to finish; SIGINT, or
+    SIGTERM without ``drain`` or a second time, cancels ``main`` at once.
+    """
+    async with trio.open_nursery() as nursery:
+
+        async def run_main() -> None:
+            await main()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(run_main)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if signum == signal.SIGTERM and drain is not None:
+                    log.info("draining", signal=name)
+                    drain()
+                    drain = None
+                    continue
+                log.info("stopping", signal=name)
+                nursery.cancel_scope.cancel()
+                return
+
+
+def _with_config_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """Re-parse with the config file's settings as defaults, so flags override the file."""
+    proxy_parser = parser._proxy_parser  # type: ignore[attr-defined]
+    if args.config is not None:
+        try:
+            proxy_parser.set_defaults(**defaults_from_toml(proxy_parser, args.config))
+        except ConfigError as exc:
+            parser.exit(2, f"corrfix proxy: {exc}\n")
+        args = parser.parse_args(argv)
+    for name in ("listen", "upstream"):
+        if getattr(args, name) is None:
+            proxy_parser.error(f"--{name} is required (on the command line or in --config)")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="corrfix",
+        description="A Kafka sidecar proxy that owns correlation ids and repairs lost, stray and "
+        "out-of-order responses.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser._proxy_parser = _add_proxy_parser(subparsers)  # type: ignore[attr-defined]
+    _add_chaos_parser(subparsers)
+    _add_capture_parser(subparsers)
+    _add_replay_parser(subparsers)
+    _add_demo_parser(subparsers)
+    _add_audit_parser(subparsers)
+    return parser
+
+
+def _add_audit_parser(subparsers: argparse._SubParsersAction) -> None:
+    from spark_audit.cli import register_command  # pyspark itself is imported only when it runs
+
+    _add_common(register_command(subparsers))
+
+
+def _add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
+    from corrfix.replay._relay import register_command
+
+    _add_common(register_command(subparsers))
+
+
+def _add_capture_parser(subparsers: argparse._SubParsersAction) -> None:
+    from corrfix.capture._commands import add_capture_commands
+
+    p = subparsers.add_parser("capture", help="inspect, export and import captures")
+    commands = p.add_subparsers(dest="capture_command", required=True, metavar="COMMAND")
+    for command in add_capture_commands(commands).values():
+        _add_common(command)
+
+
+def _add_chaos_parser(subparsers: argparse._SubParsersAction) -> None:
+    from corrfix.chaos._relay import add_chaos_arguments
+
+    p = subparsers.add_parser(
+        "chaos",
+        help="a Kafka-aware relay that drops, duplicates or delays responses, to test pipelines",
+        description="Relay Kafka traffic and damage responses on purpose: drop, duplicate or delay "
+        "every Nth or with a seeded probability, filtered by api key. Prints what it did.",
+    )
+    add_chaos_arguments(p)
+    _add_common(p)
+    p.set_defaults(run=_run_chaos)
+
+
+def _run_chaos(args: argparse.Namespace) -> int:
+    from corrfix.chaos._relay import chaos_config_from_args, run_chaos
+
+    config = chaos_config_from_args(args)
+    trio.run(run_until_signalled, lambda: run_chaos(config, handle_signals=False))
+    return 0
+
+
+def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    from corrfix.lab._demo import register_command
+
+    p = register_command(subparsers)
+    _add_common(p)
+    p.set_defaults(run=_run_demo, log_level="warning")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from corrfix.lab._demo import run_demo
+
+    return run_demo(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "proxy":
+        args = _with_config_file(parser, args, argv)
+        args.raw_argv = list(sys.argv[1:] if argv is None else argv)
+    configure_logging(json=args.log_json, level=args.log_level)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

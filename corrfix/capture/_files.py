@@ -1,0 +1,99 @@
+"""The Arrow IPC stream files of one capture: naming, appending batches, rotation.
+
+Each file is a complete Arrow IPC stream with the capture's schema. Batches are written
+straight to the OS (no user-space buffer), so a reader sees every whole batch at once; a
+file is finished with the end-of-stream marker when it rotates or the capture closes.
+Names sort in time order: the capture's start time (UTC), its id, then a file counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc
+
+from corrfix.capture.format import FILE_SUFFIX
+
+
+def capture_stem(capture_id: str, started_wall_ns: int) -> str:
+    """``capture-20250102T030405.123456Z-1a2b3c4d``: the common start of a capture's file names."""
+    started = datetime.fromtimestamp(started_wall_ns / 1e9, UTC)
+    return f"capture-{started:%Y%m%dT%H%M%S.%fZ}-{capture_id[:8]}"
+
+
+class CaptureFiles:
+    """Appends record batches to the current file; starts a new one by size or by age."""
+
+    def __init__(
+        self,
+        directory: Path,
+        stem: str,
+        schema: pa.Schema,
+        *,
+        rotate_bytes: int,
+        rotate_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.stem = stem
+        self.schema = schema
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self._clock = clock
+        self.files: list[Path] = []
+        self.bytes_written = 0
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._opened_at = 0.0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append one batch; it is readable when this returns."""
+        self.rotate_if_old()
+        if self._writer is None:
+            self._open()
+        assert self._writer is not None and self._sink is not None
+        before = self._sink.tell()
+        self._writer.write_batch(batch)
+        size = self._sink.tell()
+        self.bytes_written += size - before
+        if size >= self.rotate_bytes:
+            self.finish_file()
+
+    def rotate_if_old(self) -> None:
+        """Finish the current file once it is ``rotate_seconds`` old, even if idle."""
+        if self._writer is not None and self._clock() - self._opened_at >= self.rotate_seconds:
+            self.finish_file()
+
+    def finish_file(self) -> None:
+        """Write the end-of-stream marker and close; the next batch starts a new file."""
+        writer, sink = self._writer, self._sink
+        self._writer = self._sink = None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if sink is not None:
+                sink.close()
+
+    def abandon_file(self) -> None:
+        """After a failed write: close without trusting the stream; the next batch starts anew."""
+        with contextlib.suppress(OSError, pa.ArrowException):
+            self.finish_file()
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{self.stem}-{len(self.files) + 1:06d}{FILE_SUFFIX}"
+        sink = pa.OSFile(str(path), "wb")
+        try:
+            self._writer = pa.ipc.new_stream(sink, self.schema)
+        except BaseException:
+            sink.close()
+            raise
+        self._sink = sink
+        self._opened_at = self._clock()
+        self.files.append(path)

@@ -1,0 +1,326 @@
+"""``corrfix proxy --capture-dir``: record both sides of every connection without slowing it.
+
+The relay calls the observer synchronously, so an observer call only copies what a row
+needs and appends it to a bounded in-memory queue. When the queue is full, rows are
+dropped and counted, never waited for. A background thread turns queued rows into Arrow
+record batches and appends them to the capture's files at least every ``flush_seconds``;
+the totals, lost rows included, go to the JSON sidecar (see docs/capture-format.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+import structlog
+
+from corrfix import _argtypes as argtypes
+from corrfix.capture._files import CaptureFiles, capture_stem
+from corrfix.capture._recorder import Recorder, Row
+from corrfix.capture._row_queue import RowQueue, frame_size
+from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
+from corrfix.capture.format import Direction, Side, Source, schema_for
+from corrfix.core import RepairEvent
+
+log = structlog.get_logger("corrfix.capture")
+
+DEFAULT_SNAPLEN = 65536
+DEFAULT_ROTATE_BYTES = 256 * 1024 * 1024
+DEFAULT_ROTATE_SECONDS = 3600.0
+DEFAULT_QUEUE_ROWS = 100_000
+DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
+DEFAULT_FLUSH_SECONDS = 1.0
+BATCH_ROWS = 16_384
+BATCH_BYTES = 16 * 1024 * 1024
+CAPTURE_CLOSED = "capture closed"
+"""The close reason of connections still open when the capture ends."""
+WARNING_INTERVAL = 10.0
+"""At most one error log line per this many seconds."""
+
+
+@dataclass(frozen=True)
+class CaptureStats:
+    rows_written: int
+    rows_lost: int
+    files: list[Path]
+    bytes_written: int
+
+
+class CaptureWriter:
+    """A :class:`~corrfix.observer.ConnectionObserver` that writes an Arrow capture directory.
+
+    ``start()`` the writer thread before traffic flows and ``close()`` it after the proxy
+    stops (or use it as a context manager); ``close()`` writes everything still queued.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        snaplen: int = DEFAULT_SNAPLEN,
+        rotate_bytes: int = DEFAULT_ROTATE_BYTES,
+        rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
+        queue_rows: int = DEFAULT_QUEUE_ROWS,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        capture_id: str | None = None,
+    ) -> None:
+        for name, value in (("rotate_bytes", rotate_bytes), ("queue_rows", queue_rows)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if rotate_seconds <= 0 or flush_seconds <= 0:
+            raise ValueError("rotate_seconds and flush_seconds must be > 0")
+        self.directory = directory
+        self.capture_id = capture_id or uuid.uuid4().hex
+        self.schema = schema_for(self.capture_id, Source.PROXY)
+        self._source = Source.PROXY.value
+        self.flush_seconds = flush_seconds
+        started = time.time_ns()
+        stem = capture_stem(self.capture_id, started)
+        self.summary_path = directory / f"{stem}{SUMMARY_SUFFIX}"
+        self._summary = CaptureSummary(self.capture_id, Source.PROXY.value, started, snaplen=snaplen)
+        self._queue = RowQueue(queue_rows, queue_bytes)
+        self._files = CaptureFiles(
+            directory, stem, self.schema, rotate_bytes=rotate_bytes, rotate_seconds=rotate_seconds
+        )
+        self._recorder = Recorder(self._queue.put, snaplen)
+        self._thread = threading.Thread(target=self._run, name="corrfix-capture", daemon=True)
+        self._progress = threading.Condition()
+        self._processed = 0
+        self._stopping = False
+        self._ended = False
+        self._error_logged = 0.0
+
+    # -- ConnectionObserver: called by the relay, in its thread --------------------------
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        self._recorder.connection_opened(connection, client, upstream)
+
+    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
+        self._recorder.frames(connection, side, direction, frames)
+
+    def repair(self, connection: str, event: RepairEvent) -> None:
+        self._recorder.repair(connection, event)
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        self._recorder.connection_closed(connection, reason)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> CaptureWriter:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._write_summary()
+        self._thread.start()
+        log.info("capture started", directory=str(self.directory), capture_id=self.capture_id)
+        return self
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every row queued before this call is written (or lost); False on timeout."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the capture writer is not running")
+        target = self._queue.accepted
+        self._queue.wake.set()
+        with self._progress:
+            return self._progress.wait_for(lambda: self._processed >= target or self._ended, timeout)
+
+    def close(self) -> None:
+        """Stop accepting rows, write what is queued, finish the files and the summary.
+
+        Call it once the proxy has stopped: connections still open get a close row with
+        the reason ``capture closed`` (a proxy cancelled at shutdown reports no close)."""
+        if self._queue.closed:
+            return
+        self._recorder.close_all(CAPTURE_CLOSED)
+        self._queue.close()
+        self._stopping = True
+        self._queue.wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        elif self._thread.ident is None:
+            self._run()  # never started: write what was queued here
+        stats = self.stats
+        log.info(
+            "capture closed",
+            directory=str(self.directory),
+            rows=stats.rows_written,
+            lost=stats.rows_lost,
+            files=len(stats.files),
+        )
+
+    def __enter__(self) -> CaptureWriter:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> CaptureStats:
+        return CaptureStats(
+            self._summary.rows_written, self._queue.lost, list(self._files.files), self._files.bytes_written
+        )
+
+    # -- the writer thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                queue.wake.wait(self.flush_seconds)
+                queue.wake.clear()
+                stopping = self._stopping
+                rows = queue.take()
+                if rows:
+                    self._write_rows(rows)
+                try:
+                    self._files.rotate_if_old()
+                except (OSError, pa.ArrowException) as exc:
+                    self._files.abandon_file()
+                    self._log_error(exc)
+                self._after_flush(len(rows))
+                if stopping:
+                    break
+        finally:
+            try:
+                self._files.finish_file()
+            except (OSError, pa.ArrowException) as exc:
+                log.error("capture file could not be finished", error=str(exc))
+            self._summary.finished = True
+            self._write_summary()
+            with self._progress:
+                self._ended = True
+                self._progress.notify_all()
+
+    def _write_rows(self, rows: list[Row]) -> None:
+        start = 0
+        while start < len(rows):
+            stop, size = start, 0
+            while stop < len(rows) and stop - start < BATCH_ROWS and size < BATCH_BYTES:
+                size += frame_size(rows[stop])
+                stop += 1
+            chunk = rows[start:stop]
+            start = stop
+            try:
+                batch = self._batch(chunk)
+            except Exception:  # a bug costs these rows, never the capture
+                log.exception("capture rows could not be converted, rows lost", rows=len(chunk))
+                self._queue.count_lost(chunk)
+                continue
+            try:
+                self._files.write(batch)
+                self._summary.rows_written += len(chunk)
+            except (OSError, pa.ArrowException) as exc:
+                self._files.abandon_file()
+                self._queue.count_lost(chunk)
+                self._log_error(exc)
+
+    def _batch(self, rows: list[Row]) -> pa.RecordBatch:
+        n = len(rows)
+        columns = list(zip(*rows, strict=True))
+        arrays = [pa.array([self.capture_id] * n, pa.string()), pa.array([self._source] * n, pa.string())]
+        for column, schema_field in zip(columns, list(self.schema)[2:], strict=True):
+            arrays.append(pa.array(column, schema_field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _after_flush(self, processed: int) -> None:
+        summary = self._summary
+        changed = (
+            summary.rows_lost != self._queue.lost or len(summary.files) != len(self._files.files) or processed
+        )
+        if changed:
+            self._write_summary()
+        with self._progress:
+            self._processed += processed
+            self._progress.notify_all()
+
+    def _write_summary(self) -> None:
+        summary = self._summary
+        summary.updated_wall_ns = time.time_ns()
+        summary.rows_lost = self._queue.lost
+        summary.rows_lost_by_kind = dict(self._queue.lost_by_kind)
+        summary.files = [path.name for path in self._files.files]
+        try:
+            write_summary(self.summary_path, summary)
+        except OSError as exc:
+            self._log_error(exc)
+
+    def _log_error(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now >= self._error_logged:
+            self._error_logged = now + WARNING_INTERVAL
+            log.error("capture write failed, rows lost", error=str(exc), directory=str(self.directory))
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--capture-*`` options of ``corrfix proxy``."""
+    group = parser.add_argument_group("capture (Arrow IPC files of both sides; docs/capture-format.md)")
+    group.add_argument("--capture-dir", type=Path, default=None, metavar="DIR", help="capture into DIR")
+    group.add_argument(
+        "--capture-snaplen",
+        type=argtypes.size,
+        default=DEFAULT_SNAPLEN,
+        metavar="BYTES",
+        help=f"bytes kept of each frame, size prefix included; 0 keeps only the Kafka header "
+        f"(default {DEFAULT_SNAPLEN})",
+    )
+    group.add_argument(
+        "--capture-rotate-bytes",
+        type=argtypes.positive_size,
+        default=DEFAULT_ROTATE_BYTES,
+        metavar="BYTES",
+        help="start a new file after this many bytes (default 256M)",
+    )
+    group.add_argument(
+        "--capture-rotate-seconds",
+        type=argtypes.positive,
+        default=DEFAULT_ROTATE_SECONDS,
+        metavar="SECONDS",
+        help=f"start a new file after this long (default {DEFAULT_ROTATE_SECONDS:g})",
+    )
+    group.add_argument(
+        "--capture-queue-rows",
+        type=argtypes.positive_size,
+        default=DEFAULT_QUEUE_ROWS,
+        metavar="N",
+        help=f"rows waiting to be written before further rows are dropped and counted as lost "
+        f"(default {DEFAULT_QUEUE_ROWS})",
+    )
+    group.add_argument(
+        "--capture-queue-bytes",
+        type=argtypes.positive_size,
+        default=DEFAULT_QUEUE_BYTES,
+        metavar="BYTES",
+        help="the same bound in bytes of frame copies (default 64M)",
+    )
+    group.add_argument(
+        "--capture-flush-seconds",
+        type=argtypes.positive,
+        default=DEFAULT_FLUSH_SECONDS,
+        metavar="SECONDS",
+        help=f"longest time before queued rows are written and readable (default {DEFAULT_FLUSH_SECONDS:g})",
+    )
+
+
+def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
+    """The writer the ``--capture-*`` options ask for, not yet started; None without ``--capture-dir``."""
+    if args.capture_dir is None:
+        return None
+    return CaptureWriter(
+        args.capture_dir,
+        snaplen=args.capture_snaplen,
+        rotate_bytes=args.capture_rotate_bytes,
+        rotate_seconds=args.capture_rotate_seconds,
+        queue_rows=args.capture_queue_rows,
+        queue_bytes=args.capture_queue_bytes,
+        flush_seconds=args.capture_flush_seconds,
+    )

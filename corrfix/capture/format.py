@@ -1,0 +1,139 @@
+"""The capture contract: one Arrow schema, versioned, the names its rows use, and how to read it.
+
+docs/capture-format.md describes it. The audit reads captures through this module alone,
+so it imports nothing but pyarrow.
+
+One row per event on a connection: a frame on either side, the connection opening or
+closing, or a repair. Frame rows carry both correlation ids where the proxy knows them,
+so an audit can follow a request from the client through every re-send to its answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"corrfix.capture.schema_version"
+SOURCE_KEY = b"corrfix.capture.source"
+CAPTURE_ID_KEY = b"corrfix.capture.id"
+FILE_SUFFIX = ".arrows"
+
+
+class RowKind(StrEnum):
+    FRAME = "frame"
+    OPEN = "open"
+    CLOSE = "close"
+    REPAIR = "repair"
+
+
+class Side(StrEnum):
+    """Which TCP connection a frame crossed."""
+
+    CLIENT = "client"  # client <-> proxy
+    UPSTREAM = "upstream"  # proxy <-> broker
+
+
+class Direction(StrEnum):
+    """Which way it went: requests travel towards the broker, responses away from it."""
+
+    REQUEST = "request"
+    RESPONSE = "response"
+
+
+class Source(StrEnum):
+    PROXY = "proxy"  # written by corrfix proxy --capture-dir
+    WIRE = "wire"  # imported from a tcpdump capture taken without corrfix
+
+
+CAPTURE_SCHEMA = pa.schema(
+    [
+        pa.field("capture_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("connection_id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("side", pa.string()),
+        pa.field("direction", pa.string()),
+        pa.field("wall_ns", pa.int64(), nullable=False),
+        pa.field("mono_ns", pa.int64(), nullable=False),
+        pa.field("api_key", pa.int16()),
+        pa.field("api_version", pa.int16()),
+        pa.field("client_correlation_id", pa.int32()),
+        pa.field("upstream_correlation_id", pa.int32()),
+        pa.field("frame_length", pa.int32()),
+        pa.field("frame", pa.binary()),
+        pa.field("client_address", pa.string()),
+        pa.field("upstream_address", pa.string()),
+        pa.field("event", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("new_upstream_correlation_id", pa.int32()),
+    ],
+    metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
+)
+"""Columns, in order. ``frame`` holds the frame bytes including the 4-byte size prefix,
+truncated to the snap length; ``frame_length`` is the original length."""
+
+
+def schema_for(capture_id: str, source: Source) -> pa.Schema:
+    """The schema with this capture's file-level metadata."""
+    metadata = dict(CAPTURE_SCHEMA.metadata or {})
+    metadata[SOURCE_KEY] = source.value.encode()
+    metadata[CAPTURE_ID_KEY] = capture_id.encode()
+    return CAPTURE_SCHEMA.with_metadata(metadata)
+
+
+class CaptureFormatError(ValueError):
+    """A file is not a corrfix capture, or of a schema version this reader does not know."""
+
+
+def capture_files(path: Path) -> list[Path]:
+    """The capture files of a directory (or the single file given), oldest first by name."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file())
+
+
+def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """Record batches of every file, in order. A file still being written (or cut short by
+    a crash) yields what was flushed, up to its last whole batch."""
+    for file in capture_files(path):
+        with pa.OSFile(str(file), "rb") as source:
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid:
+                continue  # not even a schema flushed yet
+            _check_schema(file, reader.schema)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowInvalid, OSError):
+                    break  # a batch only partly written
+                yield batch
+
+
+def read_capture(path: Path) -> pa.Table:
+    """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`.
+
+    Columns a newer writer added at the end (same schema version) are left out."""
+    batches = [batch.select(CAPTURE_SCHEMA.names) for batch in iter_batches(path)]
+    if not batches:
+        return CAPTURE_SCHEMA.empty_table()
+    return pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA)
+
+
+def _check_schema(file: Path, schema: pa.Schema) -> None:
+    version = (schema.metadata or {}).get(VERSION_KEY)
+    if version is None:
+        raise CaptureFormatError(f"{file} is not a corrfix capture (no schema version)")
+    if int(version) > SCHEMA_VERSION:
+        raise CaptureFormatError(
+            f"{file} has capture schema version {int(version)}; this corrfix reads up to {SCHEMA_VERSION}"
+        )

@@ -1,0 +1,32 @@
+"""The chaos relay: a TCP relay that loses, delays, reorders and cuts Kafka traffic on purpose.
+
+:class:`ChaosPolicy` decides (sans-IO); the trio relay carries it out.
+"""
+
+from __future__ import annotations
+
+from ._policy import Action, ApiCounts, ChaosPolicy, ChaosRules, api_label, parse_api_key, parse_api_keys
+from ._relay import (
+    ChaosConfig,
+    ChaosRelay,
+    add_chaos_arguments,
+    chaos_config_from_args,
+    run_chaos,
+    serve_chaos,
+)
+
+__all__ = [
+    "Action",
+    "ApiCounts",
+    "ChaosConfig",
+    "ChaosPolicy",
+    "ChaosRelay",
+    "ChaosRules",
+    "add_chaos_arguments",
+    "api_label",
+    "chaos_config_from_args",
+    "parse_api_key",
+    "parse_api_keys",
+    "run_chaos",
+    "serve_chaos",
+]

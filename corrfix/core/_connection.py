@@ -1,0 +1,384 @@
+"""Everything decided per connection, fed bytes and ``now``: the sans-IO core a shell drives.
+
+It holds both frame decoders, the repair machine, the connection's deadlines (idle, stalled
+request frame, the broker's close after the proxy's end of stream, the flush of a closing
+connection), drain, half-close and the backpressure thresholds. A shell (the trio relay, or
+an engine servicing many sockets) feeds it what the sockets did and carries out what it
+asks: bytes for each side, which sides to keep reading, which streams to end, and when to
+call :meth:`ConnectionCore.tick` again. It does no I/O and reads no clock.
+
+The closing rules are docs/repair.md's "Closing": a client's end of stream asks to finish,
+not to abort. Every request read reaches the broker, the broker's side is half-closed after
+the last one, and the broker is read until it closes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corrfix.core._events import Closed, Event, Notice
+from corrfix.core._repair import Actions, RepairConfig, RepairMachine
+from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
+from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+
+FLUSH_TIMEOUT = 10.0
+"""How long a closing connection may spend delivering what it still owes the client."""
+CLOSE_GRACE = 0.25
+"""Pause between the last answers and the end of stream of a connection the proxy ends
+itself. kafka-python 3 drops answers that arrive in the same read as an end of stream (its
+transport aborts the connection before it parses what it read), and then re-sends those
+requests: the pause lets it read them first."""
+DISCARD_LIMIT = 1024 * 1024
+"""Bytes a closing connection reads and discards from a client after its own end of stream,
+so that closing the socket sends a FIN, not a RST that could destroy answers in flight."""
+
+FrameTap = Callable[[str, list[bytearray]], None]
+"""Sees whole frames as they arrive, before the machine patches them: ``("client", requests)``
+or ``("upstream", answers)``. It must copy what it keeps."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    """The per-connection part of the proxy's configuration."""
+
+    repair: RepairConfig = field(default_factory=RepairConfig)
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    frame_timeout: float = 30.0
+    """Close a client whose request frame stays incomplete this long (slowloris, a stall)."""
+    close_linger: float = 5.0
+    """After the proxy's end of stream to the broker, how long it waits for the broker's."""
+    idle_timeout: float = 600.0
+    """Close a connection with nothing outstanding and no bytes either way for this long."""
+    max_send_buffer: int = 4 * 1024 * 1024
+    """Bytes waiting to be sent to one side before the other side's reads pause."""
+
+
+class ConnectionCore:
+    """One client connection and its broker connection, as decisions over bytes and time."""
+
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        machine: RepairMachine,
+        now: float,
+        *,
+        client_peer: str = "client",
+        upstream_peer: str = "upstream",
+        client_tls: bool = False,
+        upstream_tls: bool = False,
+        upstream_known_plaintext: Callable[[], bool] = lambda: False,
+        tap: FrameTap | None = None,
+    ) -> None:
+        self.config = config
+        self.machine = machine
+        self._client_decoder = FrameDecoder(config.max_frame_size, peer=client_peer)
+        self._upstream_decoder = FrameDecoder(config.max_frame_size, peer=upstream_peer)
+        self._client_tls = client_tls
+        self._upstream_tls = upstream_tls
+        self._upstream_known_plaintext = upstream_known_plaintext
+        self._tap = tap
+        self._to_upstream: list[bytearray] = []
+        self._to_client: list[bytearray] = []
+        self._events: list[Event] = []
+        self.close_reason: str | None = None
+        # What the shell must carry out; each only ever turns on.
+        self.stop_client = False
+        """Read no more from the client."""
+        self.abandon_client = False
+        """The client is gone: drop what is queued for it and everything from now on."""
+        self.end_upstream = False
+        """End the broker's stream once everything queued for it is sent."""
+        self.end_client = False
+        """Deliver what is queued for the client, then end the connection."""
+        self.stop_upstream = False
+        """Read no more from the broker."""
+        self.aborted = False
+        """Close both sides now."""
+        self.client_eof = False
+        self.client_gone = False
+        self.draining = False
+        self.upstream_spoke = False
+        self._client_spoke = False
+        self._upstream_eof_sent = False
+        self._now = now
+        self._last_activity = now
+        self._paused_mid_frame = False
+        self._busy_until = 0.0  # a long request (a Fetch long-poll) is not idleness
+        self._partial_since: float | None = None
+        self._watching = True  # the idle and frame deadlines apply until the connection closes
+        self._upstream_deadline = math.inf
+        self._flush_deadline = math.inf
+
+    # -- what the shell takes after each call ------------------------------------------
+
+    def take_upstream(self) -> list[bytearray]:
+        """Frames to send to the broker, in order; send or copy them before the next call."""
+        out, self._to_upstream = self._to_upstream, []
+        return out
+
+    def take_client(self) -> list[bytearray]:
+        out, self._to_client = self._to_client, []
+        return out
+
+    def take_events(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._to_upstream or self._to_client or self._events)
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` next has something to do (``math.inf``: nothing pending)."""
+        due = min(self._upstream_deadline, self._flush_deadline)
+        machine_due = self.machine.next_deadline()
+        if machine_due is not None:
+            due = min(due, machine_due)
+        if self._watching:
+            idle_at = max(self._last_activity + self.config.idle_timeout, self._busy_until)
+            due = min(due, idle_at)
+            if self._partial_since is not None:
+                due = min(due, self._partial_since + self.config.frame_timeout)
+        return due
+
+    def client_read_allowed(self, upstream_backlog: int) -> bool:
+        """Backpressure: False while the machine is at its bounds or the broker's queue is full."""
+        return self.machine.accepting_requests and upstream_backlog < self.config.max_send_buffer
+
+    def upstream_read_allowed(self, client_backlog: int) -> bool:
+        return client_backlog < self.config.max_send_buffer
+
+    @property
+    def discard_client_input(self) -> bool:
+        """After the last answers, end the client's stream and read it until it ends its own,
+        rather than close a socket that may hold unread bytes (a RST can destroy answers)."""
+        return not self.client_eof and not self.client_gone and not self._client_tls
+
+    # -- the client side ---------------------------------------------------------------
+
+    def receive_client(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Bytes from the client; empty means its end of stream."""
+        self._now = self._last_activity = now
+        if not data:
+            self._on_client_eof()
+            return
+        decoder = self._client_decoder
+        try:
+            frames = decoder.feed(data)
+        except ProtocolError as exc:
+            hello = (
+                tls_on_plaintext(exc, "client") if not self._client_spoke and not self._client_tls else None
+            )
+            self.client_lost(hello or f"bad request from client: {exc}", now, warning=True)
+            return
+        if not decoder.buffered:
+            self._partial_since = None
+        elif self._partial_since is None or frames:
+            self._partial_since = now  # a frame began in this chunk
+        if frames:
+            self._client_spoke = True  # a size error now is no ClientHello
+            if self._tap is not None:
+                self._tap("client", frames)
+            try:
+                actions = self.machine.client_frames(frames, now)
+            except ProtocolError as exc:
+                self.client_lost(f"bad request from client: {exc}", now, warning=True)
+                return
+            self._apply(actions)
+
+    def pause_client(self) -> None:
+        """The shell stopped reading for backpressure: that is the proxy's doing, so a request
+        frame left incomplete does not age meanwhile."""
+        self._paused_mid_frame = self._partial_since is not None
+        self._partial_since = None
+
+    def resume_client(self, now: float) -> None:
+        if self._paused_mid_frame:
+            self._partial_since = now
+        self._paused_mid_frame = False
+
+    def _on_client_eof(self) -> None:
+        if self._client_decoder.buffered:
+            self._note("client closed mid-frame", "warning", buffered=self._client_decoder.buffered)
+        self.client_eof = True
+        self.stop_client = True
+        if self.machine.outstanding == 0:
+            self._close_upstream("client closed")
+
+    def client_lost(self, reason: str, now: float, *, warning: bool = False) -> None:
+        """The client is gone or unusable: nothing more is read from it or delivered to it,
+        but every request already read still reaches the broker before its side closes."""
+        self._now = now
+        if self.client_gone:
+            return
+        self.client_gone = True
+        if self.close_reason is None:
+            self.close_reason = reason
+        if warning:
+            self._note("closing connection", "warning", reason=reason)
+        self.stop_client = True
+        self.abandon_client = True
+        self._to_client.clear()
+        self._close_upstream(reason)
+
+    # -- the broker side ---------------------------------------------------------------
+
+    def receive_upstream(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Bytes from the broker; empty means its end of stream."""
+        self._now = self._last_activity = now
+        if not data:
+            if self._upstream_decoder.buffered:
+                self._note("upstream closed mid-frame", "warning", buffered=self._upstream_decoder.buffered)
+            self._hint_silent_upstream()
+            self.stop_upstream = True
+            self._apply(self.machine.upstream_closed())
+            return
+        try:
+            frames = self._upstream_decoder.feed(data)
+            if not frames:
+                return
+            self.upstream_spoke = True
+            if self._tap is not None:
+                self._tap("upstream", frames)
+            actions = self.machine.upstream_frames(frames, now)
+        except ProtocolError as exc:
+            plaintext = not self.upstream_spoke and not self._upstream_tls
+            answer = tls_on_plaintext(exc, "upstream") if plaintext else None
+            self.abort(answer or f"bad response from upstream: {exc}", warning=True)
+            return
+        self._apply(actions)
+
+    def upstream_lost(self, error: str, now: float) -> None:
+        """Reading from the broker failed (a reset): whatever is still owed cannot arrive."""
+        self._now = now
+        self._hint_silent_upstream()
+        self.stop_upstream = True
+        self._apply(self.machine.upstream_closed())
+        self._note("upstream connection lost", error=error)
+
+    def upstream_flushed(self, now: float) -> None:
+        """Everything queued for the broker is sent, its end of stream included (plaintext)
+        or not possible (TLS cannot half-close: close_notify ends both directions)."""
+        self._now = now
+        if self._upstream_tls:
+            self.finish(self.close_reason or "client closed", now)
+            return
+        self._upstream_eof_sent = True
+        self._upstream_deadline = now + self.config.close_linger
+
+    def _hint_silent_upstream(self) -> None:
+        """A broker that closes before answering anything may be a TLS listener (OpenSSL
+        closes silently), unless a connection to it was ever answered in plaintext."""
+        if self.upstream_spoke or not self.machine.outstanding:
+            return
+        if self._upstream_tls or self._upstream_known_plaintext():
+            self._note("upstream closed before answering anything on this connection", "warning")
+        else:
+            self._note("upstream closed before answering anything", "warning", hint=SILENT_UPSTREAM_HINT)
+
+    # -- time and the proxy's own decisions --------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Time passed: act on every deadline that is due."""
+        self._now = now
+        if now >= self._flush_deadline:
+            self._flush_deadline = math.inf
+            self.abort(self.close_reason or "could not deliver to the client in time")
+            return
+        if now >= self._upstream_deadline and not self.stop_upstream:
+            self._upstream_deadline = math.inf
+            if self._upstream_eof_sent:
+                self._note("broker kept its side open after the proxy's end of stream")
+            else:
+                self._note("broker did not take every request before the request deadline", "warning")
+            self.stop_upstream = True
+            self._apply(self.machine.upstream_closed())
+            self.finish("broker did not close", now)
+        if self._watching:
+            self._watch(now)
+        self._apply(self.machine.tick(now))
+
+    def _watch(self, now: float) -> None:
+        """Close idle connections, and clients that leave a request frame incomplete."""
+        partial = self._partial_since
+        frame_timeout = self.config.frame_timeout
+        if partial is not None and now >= partial + frame_timeout:
+            self._watching = False
+            self.client_lost(f"request frame incomplete for {frame_timeout:g}s", now, warning=True)
+            return
+        idle = self.config.idle_timeout
+        if now >= max(self._last_activity + idle, self._busy_until):
+            if self.machine.outstanding == 0:
+                self._watching = False
+                self.finish(f"idle for {idle:g}s", now)
+            else:
+                self._busy_until = now + idle
+
+    def drain(self, now: float) -> None:
+        """Stop reading requests; close once every outstanding request is answered."""
+        self._now = now
+        self.draining = True
+        self.stop_client = True
+        if self.machine.outstanding == 0:
+            self._close_upstream("proxy draining")
+
+    def finish(self, reason: str, now: float) -> None:
+        """Deliver what is queued for the client, then close both sides."""
+        self._now = now
+        if self.close_reason is None:
+            self.close_reason = reason
+        self.stop_client = True
+        if self.client_gone:
+            self.aborted = True
+            return
+        self.end_client = True
+        self._flush_deadline = min(self._flush_deadline, now + FLUSH_TIMEOUT)
+
+    def abort(self, reason: str, *, warning: bool = False) -> None:
+        """Close both sides now: the peer is gone or sent something unusable."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        if warning:
+            self._note("closing connection", "warning", reason=reason)
+        self.aborted = True
+
+    def closed(self) -> Closed:
+        """The connection's last event, for the shell to report once its sockets are closed."""
+        return Closed(self.close_reason or "proxy stopping")
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _apply(self, actions: Actions) -> None:
+        if actions.to_upstream:
+            self._to_upstream += actions.to_upstream
+        if actions.to_client and not self.abandon_client:
+            self._to_client += actions.to_client
+        if actions.events:
+            self._events += actions.events
+        if actions.close is not None:
+            self.finish(actions.close, self._now)
+        elif self.machine.outstanding == 0 and (self.client_eof or self.draining):
+            self._close_upstream("client closed" if self.client_eof else "proxy draining")
+
+    def _close_upstream(self, reason: str) -> None:
+        """Send the broker every request read, then end its stream; the connection ends when
+        the broker closes its side, or ``close_linger`` after the end of stream. A broker that
+        does not take the requests gets as long as any request gets an answer.
+
+        Until then the broker keeps being read, so answers still owed are delivered and
+        stray ones dropped, and its socket is never closed with unread bytes: that would send
+        a RST, and a broker may discard the requests it has not processed yet.
+        """
+        if self.end_upstream:
+            return
+        self.end_upstream = True
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._upstream_deadline = self._now + self.config.repair.request_deadline
+
+    def _note(self, message: str, level: str = "info", **details: object) -> None:
+        self._events.append(
+            Notice(message, "warning" if level == "warning" else "info", tuple(details.items()))
+        )

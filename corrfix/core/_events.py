@@ -1,0 +1,87 @@
+"""What a connection's core tells its shell, as typed events (in the manner of h11's events).
+
+The core decides; the shell carries out the bytes and timers and hands these events to its
+sinks (metrics, logs, capture). Events are frozen and slotted: cheap to make, safe to keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from protocol import api_name
+
+
+class RepairKind(StrEnum):
+    """What the machine noticed or did; each becomes a log line, a metric and a capture row."""
+
+    SKIP_DETECTED = "skip_detected"
+    REQUEUE = "requeue"
+    STALE_DROP = "stale_drop"
+    PROBE_SENT = "probe_sent"
+    PROBE_FOUND_LOSS = "probe_found_loss"
+    POSSIBLE_DUPLICATE = "possible_duplicate"
+    GIVE_UP = "give_up"
+    CLIENT_COMPAT = "client_compat"
+    """An answer rewritten for a client known to misread it (librdkafka before 2.2.0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A client request went upstream under an id of the proxy's (acks=0 Produce included)."""
+
+    client_correlation_id: int
+    upstream_correlation_id: int
+    api_key: int
+    api_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The broker answered a client request; ``seconds`` runs from the first send, re-sends included."""
+
+    api_key: int
+    client_correlation_id: int
+    upstream_correlation_id: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Repaired:
+    """A repair: what was noticed or done about a lost, stray or misread answer."""
+
+    kind: RepairKind
+    api_key: int | None = None
+    client_correlation_id: int | None = None
+    upstream_correlation_id: int | None = None
+    new_upstream_correlation_id: int | None = None
+    attempt: int | None = None
+    reason: str = ""
+
+    @property
+    def api(self) -> str | None:
+        return None if self.api_key is None else api_name(self.api_key)
+
+
+RepairEvent = Repaired
+"""The name capture and older code use for :class:`Repaired`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something about the connection an operator should read in the log."""
+
+    message: str
+    level: Literal["info", "warning"] = "info"
+    details: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The connection is over; ``reason`` is the first cause the core saw."""
+
+    reason: str
+
+
+Event = Forwarded | Answered | Repaired | Notice | Closed

@@ -1,0 +1,652 @@
+"""The in-flight tracking and repair state machine of one client connection (sans-IO).
+
+The machine owns the upstream correlation ids. Every request gets a fresh id from a
+per-connection counter, so any response can be matched to exactly one send, and a
+response that skips ahead of older sends proves those older responses were lost: a broker
+answers one connection's requests in order. Skipped requests are re-queued with a fresh
+id; responses are held and delivered to the client strictly in its own request order
+with its own correlation ids restored. See docs/repair.md for the full semantics.
+
+It does no I/O and reads no clock: the shell feeds frames and the current monotonic time
+and carries out the returned :class:`Actions`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+from corrfix.core._events import Answered, Event, Forwarded, Repaired, RepairKind
+from corrfix.core._latency import RetransmitTimer
+from protocol import (
+    SASL_KEYS,
+    SASL_V0_ROUNDS,
+    ApiKey,
+    ProtocolError,
+    RequestHeader,
+    api_name,
+    fetch_max_wait_ms,
+    is_sasl_v0_handshake,
+    parse_request_header,
+    patch_request_correlation_id,
+    patch_response_correlation_id,
+    produce_acks,
+    produce_is_idempotent,
+    response_correlation_id,
+    sasl_mechanism,
+)
+from protocol._api_versions import client_software, mis_skips_tagged_fields, strip_tagged_fields
+from protocol._headers import MIN_RESPONSE_FRAME
+
+# Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
+_PRODUCE, _FETCH, _API_VERSIONS = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.API_VERSIONS
+
+MAX_CORRELATION_ID = 2**31 - 1
+PROBE_CLIENT_ID = b"corrfix-probe"
+# ApiVersions v0 with request header v1: accepted by every broker, even before SASL.
+_PROBE_TEMPLATE = (
+    (2 + 2 + 4 + 2 + len(PROBE_CLIENT_ID)).to_bytes(4, "big")
+    + _API_VERSIONS.to_bytes(2, "big")
+    + (0).to_bytes(2, "big")
+    + (0).to_bytes(4, "big")
+    + len(PROBE_CLIENT_ID).to_bytes(2, "big")
+    + PROBE_CLIENT_ID
+)
+MAX_ACKS0_MARKERS = 4096
+PREAMBLE_KEYS = SASL_KEYS | {ApiKey.API_VERSIONS}
+"""What a connection may send before it authenticates. Until it sends anything else, a
+probe could be the second ApiVersions a SASL broker sees before SaslHandshake, which it
+refuses (Kafka's SaslServerAuthenticator closes the connection)."""
+
+ProducePolicy = Literal["requeue", "disconnect"]
+
+
+class Phase(Enum):
+    """Where a connection is in its life; the machine probes only while ``RELAYING``."""
+
+    PREAMBLE = "preamble"
+    """Only ApiVersions and SASL requests so far: a probe could be a second ApiVersions
+    before SaslHandshake, which a SASL broker refuses."""
+    SASL = "sasl"
+    """A SaslHandshake or SaslAuthenticate awaits its answer."""
+    RAW_TOKENS = "raw_tokens"
+    """SASL v0 tokens travel as bare frames, with no header and no correlation id."""
+    RELAYING = "relaying"
+    CLOSED = "closed"
+
+
+ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
+"""``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery."""
+LocalAnswer = Callable[[RequestHeader], bytes | None]
+"""Returns the proxy's own answer to a request it must not forward (with the client's id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepairConfig:
+    """Tuning of the repair semantics; defaults suit a sidecar in front of a real cluster."""
+
+    probe_after: float = 1.0
+    """Upper bound on how long the oldest request may wait before a probe is sent."""
+    probe_min: float = 0.02
+    """Lower bound on the adaptive probe timeout."""
+    max_requeues: int = 3
+    request_deadline: float = 300.0
+    max_outstanding: int = 1000
+    max_held_bytes: int = 64 * 1024 * 1024
+    produce_policy: ProducePolicy = "requeue"
+    max_probes_outstanding: int = 4
+    client_compat: bool = True
+    """Rewrite answers that a client is known to misread (docs/repair.md, client compatibility)."""
+
+
+@dataclass(slots=True)
+class Actions:
+    """What the shell must do after one call, in this order: send, deliver, then close.
+
+    Frames are handed over by reference and may be patched by a later call into the
+    machine, so the shell must copy (or send) them before calling again.
+    """
+
+    to_upstream: list[bytearray] = field(default_factory=list)
+    to_client: list[bytearray] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    close: str | None = None
+
+    @property
+    def repairs(self) -> list[Repaired]:
+        """The repair events among :attr:`events`."""
+        return [event for event in self.events if isinstance(event, Repaired)]
+
+
+class _Request:
+    """A client request the proxy still owes an answer for."""
+
+    __slots__ = (
+        "api_key",
+        "api_version",
+        "attempts",
+        "client_correlation_id",
+        "first_sent",
+        "frame",
+        "header",
+        "hold",
+        "response",
+        "sent_at",
+        "seq",
+        "upstream_id",
+    )
+
+    def __init__(self, frame: bytearray, header: RequestHeader, now: float) -> None:
+        self.frame = frame
+        self.header = header
+        self.api_key = header.api_key
+        self.api_version = header.api_version
+        self.client_correlation_id = header.correlation_id
+        self.first_sent = now
+        self.sent_at = now
+        self.attempts = 1
+        self.response: bytearray | None = None
+        self.hold: float | None = None
+        self.seq = 0
+        self.upstream_id = 0
+
+
+class _Probe:
+    """A proxy-owned ApiVersions request; its answer proves older answers were lost."""
+
+    __slots__ = ("sent_at", "seq", "upstream_id")
+
+    def __init__(self, upstream_id: int, seq: int, now: float) -> None:
+        self.upstream_id = upstream_id
+        self.seq = seq
+        self.sent_at = now
+
+
+class RepairMachine:
+    """Tracks one client connection's requests upstream and repairs what goes missing."""
+
+    def __init__(
+        self,
+        config: RepairConfig | None = None,
+        *,
+        transform: ResponseTransform | None = None,
+        local_answer: LocalAnswer | None = None,
+    ) -> None:
+        self.config = config or RepairConfig()
+        self._transform = transform
+        self._local_answer = local_answer
+        self._next_upstream_id = 0
+        self._seq = 0
+        # Sends that expect an answer, by upstream id and in send order.
+        self._sent: dict[int, _Request | _Probe] = {}
+        self._send_order: deque[_Request | _Probe] = deque()
+        # Client requests not yet answered to the client, in the client's order.
+        self._client_order: deque[_Request] = deque()
+        # acks=0 Produce sends: upstream id -> send sequence. A reply to one is stray, but
+        # proves every older send's answer was lost.
+        self._acks0: dict[int, int] = {}
+        self._held_bytes = 0
+        self._probes_outstanding = 0
+        self._probe_backoff = 0
+        self._timer = RetransmitTimer(self.config.probe_min, self.config.probe_after)
+        # SASL v0: after a successful SaslHandshake v0, tokens travel as bare frames with no
+        # header. ``_raw_rounds`` counts the round trips left (None: until the connection
+        # ends); ``_raw_owed`` counts tokens the broker has not answered yet.
+        self._sasl_handshake: _Request | None = None
+        self._raw_rounds: int | None = 0
+        self._raw_owed = 0
+        # SaslHandshake / SaslAuthenticate requests not yet answered to the client.
+        self._sasl_pending = 0
+        # No request outside PREAMBLE_KEYS sent yet: no probes.
+        self._preamble = True
+        # The client software (KIP-511) when it misreads ApiVersions' tagged fields.
+        self._compat_client: str | None = None
+        self.closed: str | None = None
+
+    # -- state the shell reads ---------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        """Client requests still waiting for their answer to be delivered."""
+        return len(self._client_order)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of answers held back until an older answer arrives."""
+        return self._held_bytes
+
+    @property
+    def accepting_requests(self) -> bool:
+        """False at the memory bounds: the shell must stop reading from the client."""
+        return (
+            self.closed is None
+            and len(self._client_order) < self.config.max_outstanding
+            and self._held_bytes < self.config.max_held_bytes
+        )
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has something to do, or None while idle."""
+        if self.closed is not None:
+            return None
+        due = self._probe_due()
+        if self._client_order:
+            give_up = self._client_order[0].first_sent + self.config.request_deadline
+            due = give_up if due is None else min(due, give_up)
+        return due
+
+    # -- events ------------------------------------------------------------------------
+
+    def client_frames(self, frames: list[bytearray], now: float) -> Actions:
+        """Requests from the client. A malformed header raises ProtocolError."""
+        actions = Actions()
+        if self.closed is not None:
+            return actions
+        for frame in frames:
+            if self.raw_mode:
+                self._raw_owed += 1
+                actions.to_upstream.append(frame)
+                continue
+            header = parse_request_header(frame)
+            if header.api_key not in PREAMBLE_KEYS:
+                self._preamble = False
+            elif header.api_key == _API_VERSIONS and self.config.client_compat:
+                self._identify_client(frame, header)
+            if self._local_answer is not None and self._answer_locally(frame, header, now):
+                continue
+            upstream_id = self._allocate_id()
+            patch_request_correlation_id(frame, upstream_id)
+            self._seq += 1
+            if header.api_key == _PRODUCE and produce_acks(frame, header) == 0:
+                self._remember_acks0(upstream_id)
+            else:
+                request = _Request(frame, header, now)
+                if header.api_key in SASL_KEYS:
+                    self._sasl_pending += 1
+                    if is_sasl_v0_handshake(header.api_key, header.api_version):
+                        self._sasl_handshake = request
+                request.upstream_id = upstream_id
+                request.seq = self._seq
+                self._sent[upstream_id] = request
+                self._send_order.append(request)
+                self._client_order.append(request)
+            actions.events.append(
+                Forwarded(header.correlation_id, upstream_id, header.api_key, header.api_version)
+            )
+            actions.to_upstream.append(frame)
+        self._deliver_ready(actions)
+        return actions
+
+    def upstream_frames(self, frames: list[bytearray], now: float) -> Actions:
+        """Responses from the broker. A frame too short for a header raises ProtocolError."""
+        actions = Actions()
+        for frame in frames:
+            if self.closed is not None:
+                break
+            if self._raw_owed or self._raw_rounds is None:
+                self._on_raw_token(frame, actions)
+                continue
+            self._on_response(frame, now, actions)
+            self._deliver_ready(actions)
+        return actions
+
+    @property
+    def phase(self) -> Phase:
+        if self.closed is not None:
+            return Phase.CLOSED
+        if self.raw_mode:
+            return Phase.RAW_TOKENS
+        if self._sasl_pending:
+            return Phase.SASL
+        if self._preamble:
+            return Phase.PREAMBLE
+        return Phase.RELAYING
+
+    @property
+    def raw_mode(self) -> bool:
+        """True while SASL v0 tokens, which carry no header, are being exchanged."""
+        return self._raw_rounds is None or self._raw_rounds > 0
+
+    def upstream_closed(self) -> Actions:
+        """The broker connection ended; whatever is still owed can never arrive on it."""
+        actions = Actions()
+        self._deliver_ready(actions)
+        if self.closed is None:
+            owed = len(self._client_order)
+            reason = "upstream closed" + (f" with {owed} requests unanswered" if owed else "")
+            self._flag_undelivered_produces(actions, "upstream closed before the answer reached the client")
+            self._close(actions, reason)
+        return actions
+
+    def tick(self, now: float) -> Actions:
+        """Time passed: send a probe when the oldest send is overdue, give up past the deadline."""
+        actions = Actions()
+        if self.closed is not None:
+            return actions
+        if self._client_order:
+            oldest = self._client_order[0]
+            if now >= oldest.first_sent + self.config.request_deadline:
+                self._give_up(oldest, actions, f"unanswered after {self.config.request_deadline:g}s")
+                return actions
+        due = self._probe_due()
+        if due is not None and now >= due:
+            self._send_probe(now, actions)
+        return actions
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _on_raw_token(self, frame: bytearray, actions: Actions) -> None:
+        self._raw_owed = max(self._raw_owed - 1, 0)
+        actions.to_client.append(frame)
+        if self._raw_rounds is not None:
+            self._raw_rounds -= 1
+
+    def _after_sasl_handshake(self, request: _Request, response: bytearray) -> None:
+        """Enter raw-token mode when a SaslHandshake v0 succeeded."""
+        self._sasl_handshake = None
+        body = response[MIN_RESPONSE_FRAME:]
+        if len(body) < 2 or int.from_bytes(body[:2], "big", signed=True) != 0:
+            return
+        mechanism = sasl_mechanism(request.frame, request.header)
+        self._raw_rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
+
+    def _identify_client(self, frame: bytearray, header: RequestHeader) -> None:
+        """Remember a client that misreads tagged fields, from its ApiVersions v3+ request."""
+        try:
+            software = client_software(frame, header)
+        except ProtocolError:
+            return  # the broker judges the request; compatibility is best effort
+        if software is not None and mis_skips_tagged_fields(software):
+            self._compat_client = str(software)
+
+    def _compat_answer(self, entry: _Request, frame: bytearray, actions: Actions) -> bytearray:
+        """The ApiVersions answer without the tagged fields this client would misread."""
+        try:
+            stripped = strip_tagged_fields(frame, entry.api_version)
+        except ProtocolError:
+            return frame  # unreadable here too: relayed as the broker sent it
+        if stripped is None:
+            return frame
+        answer, dropped = stripped
+        actions.events.append(
+            Repaired(
+                RepairKind.CLIENT_COMPAT,
+                api_key=_API_VERSIONS,
+                client_correlation_id=entry.client_correlation_id,
+                upstream_correlation_id=entry.upstream_id,
+                attempt=entry.attempts,
+                reason=f"dropped ApiVersions tagged fields {', '.join(dropped)} for {self._compat_client}, "
+                "which misreads them (librdkafka before 2.2.0)",
+            )
+        )
+        return bytearray(answer)
+
+    def _answer_locally(self, frame: bytearray, header: RequestHeader, now: float) -> bool:
+        """Queue the proxy's own answer in the client's order, if it has one for this request."""
+        assert self._local_answer is not None
+        answer = self._local_answer(header)
+        if answer is None:
+            return False
+        request = _Request(frame, header, now)
+        request.response = bytearray(answer)
+        self._held_bytes += len(answer)
+        self._client_order.append(request)
+        return True
+
+    def _allocate_id(self) -> int:
+        upstream_id = self._next_upstream_id
+        while upstream_id in self._sent or upstream_id in self._acks0:
+            upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
+        self._next_upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
+        return upstream_id
+
+    def _remember_acks0(self, upstream_id: int) -> None:
+        acks0 = self._acks0
+        acks0[upstream_id] = self._seq
+        if len(acks0) > MAX_ACKS0_MARKERS:
+            del acks0[next(iter(acks0))]
+
+    def _forget_acks0_before(self, seq: int) -> None:
+        acks0 = self._acks0
+        while acks0:
+            oldest = next(iter(acks0))
+            if acks0[oldest] >= seq:
+                return
+            del acks0[oldest]
+
+    def _on_response(self, frame: bytearray, now: float, actions: Actions) -> None:
+        upstream_id = response_correlation_id(frame)
+        entry = self._sent.get(upstream_id)
+        if entry is None:
+            acks0_seq = self._acks0.pop(upstream_id, None)
+            if acks0_seq is None:
+                actions.events.append(
+                    Repaired(RepairKind.STALE_DROP, upstream_correlation_id=upstream_id, reason="unknown")
+                )
+                return
+            actions.events.append(
+                Repaired(
+                    RepairKind.STALE_DROP,
+                    api_key=_PRODUCE,
+                    upstream_correlation_id=upstream_id,
+                    reason="reply to acks=0 Produce",
+                )
+            )
+            self._skip_before(acks0_seq, now, actions, evidence="reply to acks=0 Produce")
+            return
+        found_loss = self._skip_before(entry.seq, now, actions, evidence="later response")
+        if self.closed is not None:
+            return
+        popped = self._send_order.popleft()
+        assert popped is entry
+        del self._sent[upstream_id]
+        self._forget_acks0_before(entry.seq)
+        self._probe_backoff = 0
+        if isinstance(entry, _Probe):
+            self._probes_outstanding -= 1
+            if found_loss:
+                actions.events.append(
+                    Repaired(
+                        RepairKind.PROBE_FOUND_LOSS,
+                        api_key=_API_VERSIONS,
+                        upstream_correlation_id=upstream_id,
+                        reason=f"{found_loss} earlier answers lost",
+                    )
+                )
+            return
+        if entry.attempts == 1:
+            self._timer.observe(entry.api_key, max(now - entry.sent_at - self._hold(entry), 0.0))
+        actions.events.append(
+            Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
+        )
+        if self._transform is not None:
+            rewritten = self._transform(entry.api_key, entry.api_version, frame)
+            frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+        if self._compat_client is not None and entry.api_key == _API_VERSIONS:
+            frame = self._compat_answer(entry, frame, actions)
+        patch_response_correlation_id(frame, entry.client_correlation_id)
+        if entry is self._sasl_handshake:
+            self._after_sasl_handshake(entry, frame)
+        entry.response = frame
+        self._held_bytes += len(frame)
+
+    def _skip_before(self, seq: int, now: float, actions: Actions, evidence: str) -> int:
+        """Every send older than ``seq`` lost its answer: re-queue the requests among them."""
+        order = self._send_order
+        skipped = 0
+        while order and order[0].seq < seq and self.closed is None:
+            lost = order.popleft()
+            del self._sent[lost.upstream_id]
+            if isinstance(lost, _Probe):
+                # Counted too, so that every answer the link lost is accounted for; a probe
+                # is not re-sent (its only purpose was to overtake what it followed).
+                self._probes_outstanding -= 1
+                actions.events.append(
+                    Repaired(
+                        RepairKind.SKIP_DETECTED,
+                        api_key=_API_VERSIONS,
+                        upstream_correlation_id=lost.upstream_id,
+                        reason=f"answer to corrfix's probe lost ({evidence})",
+                    )
+                )
+                continue
+            skipped += 1
+            actions.events.append(
+                Repaired(
+                    RepairKind.SKIP_DETECTED,
+                    api_key=lost.api_key,
+                    client_correlation_id=lost.client_correlation_id,
+                    upstream_correlation_id=lost.upstream_id,
+                    attempt=lost.attempts,
+                    reason=evidence,
+                )
+            )
+            self._requeue(lost, now, actions)
+        return skipped
+
+    def _requeue(self, request: _Request, now: float, actions: Actions) -> None:
+        if request.attempts > self.config.max_requeues:
+            self._give_up(request, actions, f"answer lost {request.attempts} times")
+            return
+        possible_duplicate = False
+        if request.api_key == _PRODUCE and not produce_is_idempotent(request.frame, request.header):
+            if self.config.produce_policy == "disconnect":
+                self._give_up(request, actions, "lost answer to a non-idempotent Produce")
+                return
+            possible_duplicate = True
+        old_id = request.upstream_id
+        request.upstream_id = self._allocate_id()
+        patch_request_correlation_id(request.frame, request.upstream_id)
+        self._seq += 1
+        request.seq = self._seq
+        request.sent_at = now
+        request.attempts += 1
+        self._sent[request.upstream_id] = request
+        self._send_order.append(request)
+        actions.to_upstream.append(request.frame)
+        actions.events.append(
+            Repaired(
+                RepairKind.REQUEUE,
+                api_key=request.api_key,
+                client_correlation_id=request.client_correlation_id,
+                upstream_correlation_id=old_id,
+                new_upstream_correlation_id=request.upstream_id,
+                attempt=request.attempts,
+            )
+        )
+        if possible_duplicate:
+            actions.events.append(
+                Repaired(
+                    RepairKind.POSSIBLE_DUPLICATE,
+                    api_key=_PRODUCE,
+                    client_correlation_id=request.client_correlation_id,
+                    upstream_correlation_id=request.upstream_id,
+                    attempt=request.attempts,
+                    reason="re-sent a Produce without a producer id",
+                )
+            )
+
+    def _deliver_ready(self, actions: Actions) -> None:
+        order = self._client_order
+        while order and order[0].response is not None:
+            request = order.popleft()
+            response = request.response
+            assert response is not None
+            self._held_bytes -= len(response)
+            if request.api_key in SASL_KEYS:
+                self._sasl_pending -= 1
+            actions.to_client.append(response)
+            request.response = None
+            request.frame = bytearray()
+
+    def _hold(self, request: _Request) -> float:
+        """How long the broker may legitimately keep this request (a Fetch long-poll)."""
+        if request.hold is None:
+            hold = 0.0
+            if request.api_key == _FETCH:
+                hold = fetch_max_wait_ms(request.frame, request.header) / 1000.0
+            request.hold = hold
+        return request.hold
+
+    def _probe_due(self) -> float | None:
+        order = self._send_order
+        if self.phase is not Phase.RELAYING:
+            return None  # a probe now could land before or inside a SASL exchange
+        if not self._client_order:
+            return None  # nothing owed to the client: a probe could only find a probe's answer lost
+        if not order or self._probes_outstanding >= self.config.max_probes_outstanding:
+            return None
+        head = order[0]
+        last = order[-1]
+        backoff = 2**self._probe_backoff
+        if isinstance(last, _Probe):
+            # A probe is already behind every request: wait for it before the next one.
+            return last.sent_at + self._timer.timeout(_API_VERSIONS) * backoff
+        if isinstance(head, _Probe):
+            return head.sent_at + self._timer.timeout(_API_VERSIONS) * backoff
+        return head.sent_at + self._hold(head) + self._timer.timeout(head.api_key) * backoff
+
+    def _send_probe(self, now: float, actions: Actions) -> None:
+        upstream_id = self._allocate_id()
+        frame = bytearray(_PROBE_TEMPLATE)
+        patch_request_correlation_id(frame, upstream_id)
+        self._seq += 1
+        probe = _Probe(upstream_id, self._seq, now)
+        self._sent[upstream_id] = probe
+        self._send_order.append(probe)
+        self._probes_outstanding += 1
+        self._probe_backoff = min(self._probe_backoff + 1, 6)
+        actions.to_upstream.append(frame)
+        head = self._send_order[0]
+        actions.events.append(
+            Repaired(
+                RepairKind.PROBE_SENT,
+                api_key=_API_VERSIONS,
+                upstream_correlation_id=upstream_id,
+                reason=f"oldest send waiting {now - head.sent_at:.3f}s",
+            )
+        )
+
+    def _give_up(self, request: _Request, actions: Actions, reason: str) -> None:
+        self._flag_undelivered_produces(actions, "connection closed before the answer reached the client")
+        actions.events.append(
+            Repaired(
+                RepairKind.GIVE_UP,
+                api_key=request.api_key,
+                client_correlation_id=request.client_correlation_id,
+                upstream_correlation_id=request.upstream_id,
+                attempt=request.attempts,
+                reason=reason,
+            )
+        )
+        self._close(actions, f"gave up on {api_name(request.api_key)} request: {reason}")
+
+    def _flag_undelivered_produces(self, actions: Actions, why: str) -> None:
+        """The client re-sends these after the disconnect, and the broker may already have
+        appended them (their answer may even be held here, behind an older one): a
+        non-idempotent Produce can then be stored twice."""
+        for sent in self._client_order:
+            if sent.api_key == _PRODUCE and not produce_is_idempotent(sent.frame, sent.header):
+                actions.events.append(
+                    Repaired(
+                        RepairKind.POSSIBLE_DUPLICATE,
+                        api_key=_PRODUCE,
+                        client_correlation_id=sent.client_correlation_id,
+                        upstream_correlation_id=sent.upstream_id,
+                        attempt=sent.attempts,
+                        reason=f"{why}; the client may re-send a Produce without a producer id",
+                    )
+                )
+
+    def _close(self, actions: Actions, reason: str) -> None:
+        self._deliver_ready(actions)
+        self.closed = reason
+        actions.close = reason
+        self._sent.clear()
+        self._send_order.clear()
+        self._client_order.clear()
+        self._acks0.clear()
+        self._held_bytes = 0
+        self._sasl_pending = 0

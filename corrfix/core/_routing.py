@@ -1,0 +1,125 @@
+"""Keep clients on the proxy: which proxy address stands in for which broker (sans-IO).
+
+Every broker address a client learns (Metadata, FindCoordinator, DescribeCluster, KIP-951
+endpoints in Produce and Fetch) is rewritten to a proxy listener that relays to that
+broker. The router learns brokers from the responses it rewrites; the shell starts a
+listener for each node id it has not seen before. It also caps ApiVersions to what the
+proxy can decode, so a client never negotiates a version whose addresses the proxy could
+not rewrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from corrfix.core._address import Address
+from protocol import ApiKey, ProtocolError, RequestHeader
+from protocol._api_versions import cap_api_versions, decodable_max_versions, unsupported_api_versions_response
+from protocol._rewrite import needs_rewrite, rewrite_response
+
+# Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
+_API_VERSIONS = ApiKey.API_VERSIONS
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+MAX_BROKERS = 1024
+"""Listeners the proxy opens for one cluster; a broker that invents node ids cannot exhaust ports."""
+
+
+class RoutingError(ProtocolError):
+    """A broker address in an answer cannot be given a proxy listener.
+
+    Passing the real address on would let the client bypass the proxy, so the answer is
+    refused and the connection closed, like any other answer that cannot be relayed.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPorts:
+    """How a broker's node id maps to the proxy port that stands in for it.
+
+    An explicit map wins; else ``base + node_id``; else any free port. Explicit and base
+    ports are the same in every worker process and across restarts, which clients that
+    cache metadata need.
+    """
+
+    explicit: Mapping[int, int] = field(default_factory=dict)
+    base: int | None = None
+
+    def fixed_port(self, node_id: int) -> int | None:
+        if node_id in self.explicit:
+            return self.explicit[node_id]
+        if self.base is not None:
+            port = self.base + node_id
+            if not 0 < port < 65536:
+                raise RoutingError(f"--broker-port-base {self.base} + node id {node_id} is not a valid port")
+            return port
+        return None
+
+
+class ClusterRouter:
+    """Rewrites answers so every broker address points at the proxy, and learns the brokers."""
+
+    def __init__(
+        self,
+        advertised_host: str,
+        ports: BrokerPorts,
+        allocate: Callable[[int, int], int],
+        own_addresses: Callable[[], set[Address]],
+        max_brokers: int = MAX_BROKERS,
+    ) -> None:
+        if advertised_host in WILDCARD_HOSTS:
+            raise ValueError("a wildcard address cannot be advertised to clients; set --advertised-host")
+        self.advertised_host = advertised_host
+        self.ports = ports
+        self._allocate = allocate
+        """``allocate(node_id, port)`` binds a listener (port 0: any) and returns its port."""
+        self._own_addresses = own_addresses
+        self.max_brokers = max_brokers
+        self.brokers: dict[int, Address] = {}
+        """The upstream address of each broker, as last advertised by the cluster."""
+        self.listener_ports: dict[int, int] = {}
+        self.caps = decodable_max_versions()
+
+    def upstream_for(self, node_id: int, fallback: Address) -> Address:
+        """Where a connection to the listener of ``node_id`` should go."""
+        return self.brokers.get(node_id, fallback)
+
+    def map_address(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """An :data:`~protocol.rewrite.AddressMapper`: learn the broker, hand out its listener."""
+        if node_id < 0 or not host:
+            return host, port  # an error placeholder, not a broker
+        listener = self.listener_ports.get(node_id)
+        if listener is None:
+            listener = self._listen_for(node_id)
+        address = Address(host, port)
+        if address not in self._own_addresses():
+            # A broker that already advertises the proxy (a single-broker sidecar set-up)
+            # keeps relaying to the bootstrap upstream instead of to the proxy itself.
+            self.brokers[node_id] = address
+        return self.advertised_host, listener
+
+    def _listen_for(self, node_id: int) -> int:
+        if len(self.listener_ports) >= self.max_brokers:
+            raise RoutingError(f"broker node id {node_id} would be broker number {self.max_brokers + 1}")
+        try:
+            listener = self._allocate(node_id, self.ports.fixed_port(node_id) or 0)
+        except OSError as exc:
+            raise RoutingError(f"no listener for broker node id {node_id}: {exc}") from exc
+        self.listener_ports[node_id] = listener
+        return listener
+
+    def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
+        """A :data:`~corrfix.repair.ResponseTransform` for the repair machine."""
+        if api_key == _API_VERSIONS:
+            return cap_api_versions(frame, api_version, self.caps)
+        if needs_rewrite(api_key, api_version):
+            return rewrite_response(frame, api_key, api_version, self.map_address) or frame
+        return frame
+
+    def local_answer(self, header: RequestHeader) -> bytes | None:
+        """A :data:`~corrfix.repair.LocalAnswer`: refuse ApiVersions versions the proxy
+        cannot decode, the way a broker does, so the client retries lower."""
+        if header.api_key == _API_VERSIONS and header.api_version > self.caps[_API_VERSIONS]:
+            return unsupported_api_versions_response(header.correlation_id)
+        return None

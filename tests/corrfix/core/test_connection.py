@@ -1,0 +1,250 @@
+"""The connection core without sockets or trio: bytes and ``now`` in, decisions out."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corrfix.core import (
+    CLOSE_GRACE,
+    Answered,
+    ConnectionConfig,
+    ConnectionCore,
+    Forwarded,
+    Notice,
+    RepairConfig,
+    Repaired,
+    RepairKind,
+    RepairMachine,
+)
+from protocol import ApiKey
+from protocol.testing import request_frame, response_frame
+
+CONFIG = ConnectionConfig(
+    repair=RepairConfig(probe_after=1.0, request_deadline=30.0),
+    frame_timeout=5.0,
+    close_linger=2.0,
+    idle_timeout=60.0,
+    max_send_buffer=1000,
+)
+
+
+def make_core(config: ConnectionConfig = CONFIG, **options) -> ConnectionCore:
+    return ConnectionCore(config, RepairMachine(config.repair), 0.0, **options)
+
+
+def notices(core: ConnectionCore) -> list[str]:
+    return [event.message for event in core.take_events() if isinstance(event, Notice)]
+
+
+def test_a_request_goes_upstream_under_the_proxys_id_and_its_answer_comes_back_under_the_clients():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 500, 7), 1.0)
+    (sent,) = core.take_upstream()
+    assert int.from_bytes(sent[8:12], "big") == 0
+    assert core.take_events() == [Forwarded(500, 0, ApiKey.METADATA, 0)]
+    core.receive_upstream(response_frame(0, 7), 1.5)
+    assert core.take_client() == [response_frame(500, 7)]
+    assert core.take_events() == [Answered(ApiKey.METADATA, 500, 0, 0.5)]
+
+
+def test_bytes_split_anywhere_make_the_same_frames():
+    frame = request_frame(ApiKey.METADATA, 1, 1)
+    core = make_core()
+    for i in range(len(frame)):
+        core.receive_client(frame[i : i + 1], 1.0)
+    assert len(core.take_upstream()) == 1
+
+
+def test_a_client_end_of_stream_with_nothing_owed_ends_the_brokers_stream_then_waits_the_linger():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.PRODUCE, 1, 1, acks=0), 1.0)
+    core.receive_client(b"", 2.0)
+    assert core.client_eof and core.stop_client and core.end_upstream
+    assert not core.end_client and not core.aborted
+    assert core.next_deadline() == 2.0 + CONFIG.repair.request_deadline  # the broker must take them
+    core.upstream_flushed(3.0)
+    assert core.next_deadline() == 3.0 + CONFIG.close_linger
+    core.tick(3.0 + CONFIG.close_linger)
+    assert notices(core) == ["broker kept its side open after the proxy's end of stream"]
+    assert core.stop_upstream and core.end_client and core.close_reason == "client closed"
+
+
+def test_a_client_end_of_stream_waits_for_what_it_is_owed():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 9, 1), 1.0)
+    core.receive_client(b"", 1.1)
+    assert not core.end_upstream  # the answer is still owed
+    core.receive_upstream(response_frame(0, 1), 1.2)
+    assert core.take_client() == [response_frame(9, 1)]
+    assert core.end_upstream
+
+
+def test_a_broker_that_never_takes_the_requests_gets_the_request_deadline():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.PRODUCE, 1, 1, acks=0), 1.0)
+    core.receive_client(b"", 1.0)
+    core.take_events()
+    core.tick(1.0 + CONFIG.repair.request_deadline)
+    assert notices(core) == ["broker did not take every request before the request deadline"]
+    assert core.end_client and core.stop_upstream
+
+
+def test_a_lost_client_gets_nothing_more_but_its_requests_still_reach_the_broker():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 1, 1), 1.0)
+    core.client_lost("client connection lost: reset", 1.5)
+    assert core.abandon_client and core.stop_client and core.end_upstream
+    assert len(core.take_upstream()) == 1
+    core.receive_upstream(response_frame(0, 1), 2.0)
+    assert core.take_client() == []
+    assert core.close_reason == "client connection lost: reset"
+
+
+def test_a_stalled_request_frame_closes_the_client_but_backpressure_does_not_age_it():
+    frame = request_frame(ApiKey.METADATA, 1, 1)
+    core = make_core()
+    core.receive_client(frame[:5], 1.0)
+    assert core.next_deadline() == 1.0 + CONFIG.frame_timeout
+    core.pause_client()
+    assert core.next_deadline() == 1.0 + CONFIG.idle_timeout
+    core.tick(50.0)
+    assert not core.client_gone
+    core.resume_client(50.0)
+    core.tick(50.0 + CONFIG.frame_timeout)
+    assert core.client_gone and core.close_reason == f"request frame incomplete for {CONFIG.frame_timeout:g}s"
+
+
+def test_an_idle_connection_finishes_but_an_outstanding_request_is_not_idleness():
+    core = make_core(
+        ConnectionConfig(repair=RepairConfig(probe_after=1000.0, request_deadline=1e6), idle_timeout=60.0)
+    )
+    core.receive_client(request_frame(ApiKey.FETCH, 1, 1), 0.0)
+    core.tick(60.0)
+    assert not core.end_client  # a long poll
+    core.receive_upstream(response_frame(0, 1), 100.0)
+    core.tick(160.0)
+    assert core.end_client and core.close_reason == "idle for 60s"
+
+
+def test_a_closing_connection_that_cannot_deliver_in_time_is_aborted():
+    core = make_core()
+    core.finish("proxy draining", 1.0)
+    assert core.end_client and not core.aborted
+    core.tick(core.next_deadline())
+    assert core.aborted
+
+
+def test_drain_stops_reading_and_ends_the_broker_stream_once_nothing_is_owed():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 3, 1), 1.0)
+    core.drain(2.0)
+    assert core.stop_client and not core.end_upstream
+    core.receive_upstream(response_frame(0, 1), 2.5)
+    assert core.end_upstream and core.close_reason == "proxy draining"
+
+
+def test_a_tls_client_hello_on_plaintext_names_tls():
+    core = make_core()
+    core.receive_client(bytes.fromhex("16030100f4010000f00303"), 1.0)
+    assert core.client_gone
+    assert core.close_reason is not None and "TLS handshake on a plaintext listener" in core.close_reason
+
+
+def test_a_broker_that_closes_silently_is_hinted_to_be_tls_unless_it_answered_before():
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 1, 1), 1.0)
+    core.take_events()
+    core.receive_upstream(b"", 1.1)
+    assert notices(core) == ["upstream closed before answering anything"]
+    known = make_core(upstream_known_plaintext=lambda: True)
+    known.receive_client(request_frame(ApiKey.METADATA, 1, 1), 1.0)
+    known.take_events()
+    known.receive_upstream(b"", 1.1)
+    assert notices(known) == ["upstream closed before answering anything on this connection"]
+
+
+def test_garbage_from_the_broker_aborts():
+    core = make_core()
+    core.receive_upstream(b"\xff\xff\xff\xff", 1.0)
+    assert (
+        core.aborted and core.close_reason is not None and "bad response from upstream" in core.close_reason
+    )
+
+
+def test_a_lost_answer_is_repaired_through_the_core():
+    core = make_core()
+    for i in range(2):
+        core.receive_client(request_frame(ApiKey.METADATA, 100 + i, i), 1.0)
+    core.take_upstream()
+    core.take_events()
+    core.receive_upstream(response_frame(1, 1), 1.2)  # 0's answer was lost
+    kinds = [event.kind for event in core.take_events() if isinstance(event, Repaired)]
+    assert kinds == [RepairKind.SKIP_DETECTED, RepairKind.REQUEUE]
+    (resent,) = core.take_upstream()
+    assert int.from_bytes(resent[8:12], "big") == 2
+
+
+def test_backpressure_thresholds():
+    core = make_core()
+    assert core.client_read_allowed(999) and not core.client_read_allowed(1000)
+    assert core.upstream_read_allowed(999) and not core.upstream_read_allowed(1000)
+
+
+def test_the_grace_before_a_proxy_ended_stream_is_short():
+    assert 0 < CLOSE_GRACE < 1
+
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("request"), st.sampled_from([ApiKey.METADATA, ApiKey.PRODUCE]), st.integers(0, 1)),
+        st.tuples(st.just("answer"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("tick"), st.floats(0, 100), st.just(0)),
+        st.tuples(st.just("client_eof"), st.just(0), st.just(0)),
+        st.tuples(st.just("client_lost"), st.just(0), st.just(0)),
+        st.tuples(st.just("flushed"), st.just(0), st.just(0)),
+        st.tuples(st.just("drain"), st.just(0), st.just(0)),
+        st.tuples(st.just("upstream_eof"), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPERATIONS)
+def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_keep_up(operations):
+    core = make_core()
+    now = 0.0
+    flags = ("stop_client", "abandon_client", "end_upstream", "end_client", "stop_upstream", "aborted")
+    before = dict.fromkeys(flags, False)
+    token = 0
+    for op, a, b in operations:
+        now += 0.5
+        if op == "request":
+            token += 1
+            core.receive_client(request_frame(a, token, token, acks=b), now)
+        elif op == "answer":
+            core.receive_upstream(response_frame(a, a), now)
+        elif op == "tick":
+            now += a
+            core.tick(now)
+        elif op == "client_eof":
+            core.receive_client(b"", now)
+        elif op == "client_lost":
+            core.client_lost("lost", now)
+        elif op == "flushed" and core.end_upstream:
+            core.upstream_flushed(now)
+        elif op == "drain":
+            core.drain(now)
+        elif op == "upstream_eof":
+            core.receive_upstream(b"", now)
+        delivered = core.take_client()
+        core.take_upstream()
+        core.take_events()
+        if core.abandon_client:
+            assert delivered == []
+        for flag in flags:
+            assert getattr(core, flag) or not before[flag], f"{flag} turned off after {op}"
+            before[flag] = getattr(core, flag)
+        if op == "tick" and not core.aborted:
+            assert core.next_deadline() > now, "a tick left a deadline that is already due"

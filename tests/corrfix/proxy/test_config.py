@@ -1,0 +1,61 @@
+"""Settings from a TOML file: same names as the flags, flags win, typos are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
+from corrfix.core import Address
+
+EXAMPLE = Path(__file__).parents[3] / "docs" / "mirrormaker-sidecar.toml"
+
+
+def parse(*argv: str):
+    parser = build_parser()
+    return _with_config_file(parser, parser.parse_args(list(argv)), list(argv))
+
+
+def test_the_documented_mirrormaker_example_is_valid():
+    args = parse("proxy", "--config", str(EXAMPLE))
+    config = proxy_config_from_args(args)
+    assert config.listen == Address("127.0.0.1", 19092)
+    assert config.broker_ports.fixed_port(3) == 19003
+    assert config.repair.produce_policy == "requeue"
+    assert args.metrics == Address("127.0.0.1", 9464) and args.log_json is True
+
+
+def test_flags_override_the_file(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text('listen = "127.0.0.1:1"\nupstream = "h:2"\nprobe-after = 0.5\nbroker_port = ["7=9007"]\n')
+    args = parse("proxy", "--config", str(file), "--probe-after", "0.25")
+    config = proxy_config_from_args(args)
+    assert config.repair.probe_after == 0.25
+    assert config.upstream == Address("h", 2)
+    assert config.broker_ports.fixed_port(7) == 9007
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('probe-aftr = 1\nlisten = "h:1"\nupstream = "h:2"', "unknown setting 'probe-aftr'"),
+        ('listen = "nonsense"\nupstream = "h:2"', "HOST:PORT"),
+        ('produce-policy = "sometimes"\nlisten = "h:1"\nupstream = "h:2"', "must be one of"),
+        ('rewrite = "yes"\nlisten = "h:1"\nupstream = "h:2"', "true or false"),
+        ("listen = [", "cannot read config"),
+    ],
+)
+def test_bad_files_are_clear_errors(tmp_path, capsys, text, message):
+    file = tmp_path / "c.toml"
+    file.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        parse("proxy", "--config", str(file))
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_listen_and_upstream_are_still_required(capsys):
+    with pytest.raises(SystemExit):
+        parse("proxy", "--upstream", "h:1")
+    assert "--listen is required" in capsys.readouterr().err

@@ -1,0 +1,294 @@
+"""The trio relay against a scripted broker: ids, order, repairs, close and bad input."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from prometheus_client import generate_latest
+from structlog.testing import capture_logs
+
+from corrfix.core import Address, RepairConfig
+from corrfix.proxy import Proxy, ProxyConfig, ProxyMetrics
+from protocol import ApiKey, FrameDecoder
+from protocol.testing import request_frame
+from tests.support.fake_broker import FakeBroker, answers, echo_answer, read_frames
+from tests.support.relay import FAST_REPAIR, start_proxy
+
+# Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
+# corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
+
+
+async def start_pair(nursery: trio.Nursery, broker: FakeBroker, repair: RepairConfig = FAST_REPAIR):
+    broker_port = await nursery.start(broker.serve)
+    return await start_proxy(nursery, broker_port, repair)
+
+
+async def test_relays_in_order_with_client_ids_restored():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            ids = [1000 + i for i in range(50)]
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, cid, cid * 7) for cid in ids))
+            got = answers(await read_frames(stream, len(ids)))
+        assert got == [(cid, cid * 7) for cid in ids]
+        assert [cid for _, cid in broker.requests] == list(range(50))
+        nursery.cancel_scope.cancel()
+
+
+async def test_lost_and_duplicated_answers_are_repaired():
+    def script(index: int, api_key: int) -> str:
+        if api_key == 18:
+            return "answer"
+        return {3: "lose", 7: "duplicate", 12: "lose", 13: "lose"}.get(index, "answer")
+
+    broker = FakeBroker(script)
+    async with trio.open_nursery() as nursery:
+        proxy, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            got: list[tuple[int, int]] = []
+            for cid in range(20):  # one in flight: only probes can find these losses
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid + 100))
+                got += answers(await read_frames(stream, 1))
+        assert got == [(cid, cid + 100) for cid in range(20)]
+        assert proxy.stats.repairs["probe_found_loss"] >= 2
+        assert proxy.stats.repairs["stale_drop"] >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped():
+    broker = FakeBroker()  # answers everything, acks=0 included, like Tansu
+    async with trio.open_nursery() as nursery:
+        proxy, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            frames = [request_frame(ApiKey.PRODUCE, i, i, acks=0) for i in range(10)]
+            frames.append(request_frame(ApiKey.LIST_OFFSETS, 99, 99))
+            await stream.send_all(b"".join(frames))
+            got = answers(await read_frames(stream, 1))
+        assert got == [(99, 99)]
+        assert proxy.stats.repairs["stale_drop"] == 10
+        assert proxy.stats.repairs["requeue"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_client_half_close_still_gets_every_answer():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
+            await stream.send_eof()
+            got = answers(await read_frames(stream, 6))
+        assert got == [(i, i) for i in range(5)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_upstream_unreachable_closes_the_client():
+    async with trio.open_nursery() as nursery:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        dead_port = listener.getsockname()[1]
+        listener.close()  # nothing listens there now
+        _, port = await start_proxy(nursery, dead_port)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+
+
+async def test_upstream_closing_mid_stream_closes_the_client():
+    broker = FakeBroker(lambda index, _key: "close" if index == 2 else "answer")
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
+            got = answers(await read_frames(stream, 5))
+        assert got == [(0, 0), (1, 1)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_bad_input_closes_only_that_connection():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+        with trio.fail_after(10):
+            good = await trio.open_tcp_stream("127.0.0.1", port)
+            for garbage in (
+                b"\xff\xff\xff\xff",
+                b"\x7f\xff\xff\xff",
+                b"GET / HTTP/1.1\r\n\r\n",
+                b"\x00\x00\x00\x02ab",
+            ):
+                bad = await trio.open_tcp_stream("127.0.0.1", port)
+                await bad.send_all(garbage)
+                assert await bad.receive_some(100) == b""
+            await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 5, 5))
+            assert answers(await read_frames(good, 1)) == [(5, 5)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_metrics_count_requests_answers_repairs_and_bytes():
+    metrics = ProxyMetrics()
+    broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        proxy = Proxy(
+            ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), repair=FAST_REPAIR),
+            metrics=metrics,
+        )
+        port = (await nursery.start(proxy.serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            for cid in range(3):
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
+                await read_frames(stream, 1)
+        text = generate_latest(metrics.registry).decode()
+        nursery.cancel_scope.cancel()
+    assert 'corrfix_requests_total{api="ListOffsets"} 3.0' in text
+    assert 'corrfix_answers_total{api="ListOffsets"} 3.0' in text
+    assert 'corrfix_repairs_total{kind="probe_found_loss"} 1.0' in text
+    assert 'corrfix_request_latency_seconds_count{api="ListOffsets"} 3.0' in text
+    assert "corrfix_connections_active 1.0" in text
+    assert 'corrfix_bytes_total{direction="request",side="client"}' in text
+
+
+async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
+    release = trio.Event()
+    received = trio.Event()
+
+    async def slow_broker(stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        frames: list[bytearray] = []
+        while not frames:
+            frames = decoder.feed(await stream.receive_some(65536))
+        received.set()
+        await release.wait()
+        await stream.send_all(echo_answer(frames[0], 15))
+        await stream.receive_some(100)
+
+    async with trio.open_nursery() as nursery:
+        broker_listeners = await nursery.start(trio.serve_tcp, slow_broker, 0)
+        broker_port = broker_listeners[0].socket.getsockname()[1]
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False))
+        served = trio.Event()
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            await proxy.serve(task_status=task_status)
+            served.set()
+
+        port = (await nursery.start(serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 41, 41))
+            await received.wait()
+            proxy.drain(timeout=10)
+            try:
+                await trio.open_tcp_stream("127.0.0.1", port)
+                refused = False
+            except OSError:
+                refused = True
+            release.set()
+            got = answers(await read_frames(stream, 2))  # the answer, then end of stream
+            await served.wait()  # serve() returns once the last connection is done
+        nursery.cancel_scope.cancel()
+    assert refused
+    assert got == [(41, 41)]
+
+
+async def test_idle_connections_are_closed():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), idle_timeout=0.2)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+            assert answers(await read_frames(stream, 1)) == [(1, 1)]
+            assert await stream.receive_some(100) == b""  # closed once idle
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_beyond_the_maximum_are_refused_with_a_log_line():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), max_connections=1)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            first = await trio.open_tcp_stream("127.0.0.1", port)
+            await first.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+            assert answers(await read_frames(first, 1)) == [(1, 1)]
+            second = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await second.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    assert any(e["event"] == "refusing connection" and e["reason"] == "max connections reached" for e in logs)
+
+
+async def test_upstream_connect_is_retried_a_bounded_number_of_times():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    dead_port = listener.getsockname()[1]
+    listener.close()
+    async with trio.open_nursery() as nursery:
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", dead_port), connect_retries=2)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    events = [e["event"] for e in logs]
+    assert events.count("upstream connect failed, retrying") == 2
+    assert [e["attempts"] for e in logs if e["event"] == "upstream unreachable, closing client"] == [3]
+
+
+async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), frame_timeout=0.3)
+        port = (await nursery.start(Proxy(config).serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            stalled = await trio.open_tcp_stream("127.0.0.1", port)
+            frame = request_frame(ApiKey.LIST_OFFSETS, 1, 1)
+            await stalled.send_all(frame[:7])  # half a frame, then nothing
+            good = await trio.open_tcp_stream("127.0.0.1", port)
+            await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
+            assert answers(await read_frames(good, 1)) == [(2, 2)]
+            assert await stalled.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    assert any("incomplete" in (e.get("reason") or "") for e in logs if e["event"] == "closing connection")
+
+
+def big_request(correlation_id: int, body: bytes) -> bytes:
+    """A ListOffsets v0 frame (header v1, client id "c") with ``body`` after the header."""
+    payload = ApiKey.LIST_OFFSETS.to_bytes(2, "big") + (0).to_bytes(2, "big")
+    payload += correlation_id.to_bytes(4, "big") + b"\x00\x01c" + body
+    return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_concurrent_big_frames_never_mix_between_connections():
+    """The readers share one receive buffer: what each client gets back must be its own bytes."""
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker)
+
+        async def client(number: int) -> None:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            bodies = [bytes([number, index]) * 150_000 for index in range(4)]
+            async with trio.open_nursery() as sending:
+                sending.start_soon(stream.send_all, b"".join(big_request(i, b) for i, b in enumerate(bodies)))
+                got = await read_frames(stream, len(bodies))
+            assert [(int.from_bytes(f[4:8], "big"), bytes(f[8:])) for f in got] == list(enumerate(bodies))
+            await stream.aclose()
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as clients:
+                for number in range(8):
+                    clients.start_soon(client, number)
+        nursery.cancel_scope.cancel()

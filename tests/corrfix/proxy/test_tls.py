@@ -1,0 +1,599 @@
+"""TLS on either side of the proxy, wrong-protocol peers both ways, and a real client over TLS.
+
+A throwaway CA, a server certificate (127.0.0.1 and localhost) and a client certificate are
+made once per session with the openssl command line.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import ssl
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
+from corrfix.core import Address
+from corrfix.lab import workload as clients
+from corrfix.proxy import Proxy, ProxyConfig, TlsConfig, TlsError, tls_config_from_args
+from protocol import ApiKey, FrameDecoder, ProtocolError
+from protocol.testing import request_frame
+from tests.support.fake_broker import FakeBroker, answers, read_frames
+from tests.support.relay import FAST_REPAIR
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+LOOPBACK = "127.0.0.1"
+JAVA_STYLE_ALERT = bytes.fromhex("15030300020250")  # fatal protocol_version, what a JVM broker answers
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_ca: Path  # a CA that signed nothing here
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def _make_ca(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+    return cert, key
+
+
+def _make_leaf(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -> tuple[Path, Path]:
+    cert, key, csr, ext = (directory / f"{name}.{suffix}" for suffix in ("pem", "key", "csr", "ext"))
+    ext.write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nsubjectKeyIdentifier=hash\n"
+        f"authorityKeyIdentifier=keyid\n{extensions}\n"
+    )
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", f"/CN={name}",
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
+        "-out", cert, "-days", "2", "-extfile", ext,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    directory = tmp_path_factory.mktemp("tls")
+    ca = _make_ca(directory, "corrfix-test-ca")
+    server = _make_leaf(
+        directory, "server", ca, "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost"
+    )
+    client = _make_leaf(directory, "client", ca, "extendedKeyUsage=clientAuth")
+    other_ca, _ = _make_ca(directory, "other-ca")
+    return Certs(ca[0], *server, *client, other_ca)
+
+
+def server_context(certs: Certs, *, require_client_cert: bool = False) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    if require_client_cert:
+        context.load_verify_locations(certs.ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(certs: Certs, *, with_cert: bool = False) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=certs.ca)
+    if with_cert:
+        context.load_cert_chain(certs.client_cert, certs.client_key)
+    return context
+
+
+@dataclass
+class TlsFakeBroker(FakeBroker):
+    """The scripted broker behind TLS, recording the SNI it was sent and failed handshakes."""
+
+    context: ssl.SSLContext | None = None
+    server_names: list[str | None] = field(default_factory=list)
+    handshake_errors: list[str] = field(default_factory=list)
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.context is not None
+        self.context.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
+        listeners = await trio.open_tcp_listeners(0, host=LOOPBACK)
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle_tls, listeners)
+
+    async def _handle_tls(self, stream: trio.SocketStream) -> None:
+        assert self.context is not None
+        tls = trio.SSLStream(stream, self.context, server_side=True)
+        try:
+            with trio.fail_after(5):
+                await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            self.handshake_errors.append(str(exc.__cause__ or exc))
+            await trio.aclose_forcefully(tls)
+            return
+        await self._handle(tls)
+
+
+async def start_proxy(nursery: trio.Nursery, upstream_port: int, tls: TlsConfig | None, **kwargs) -> int:
+    config = ProxyConfig(
+        Address(LOOPBACK, 0), Address(LOOPBACK, upstream_port), repair=FAST_REPAIR, tls=tls, **kwargs
+    )
+    bound = await nursery.start(Proxy(config).serve)
+    return bound[0].port
+
+
+async def open_tls(port: int, context: ssl.SSLContext) -> trio.SSLStream:
+    stream = await trio.open_ssl_over_tcp_stream(LOOPBACK, port, ssl_context=context)
+    await stream.do_handshake()
+    return stream
+
+
+async def round_trip(stream: trio.abc.Stream, n: int = 20) -> list[tuple[int, int]]:
+    """Send ``n`` requests at once and return the (client id, token) of the answers."""
+    await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, 100 + i, i * 3) for i in range(n)))
+    return answers(await read_frames(stream, n))
+
+
+def expected(n: int = 20) -> list[tuple[int, int]]:
+    return [(100 + i, i * 3) for i in range(n)]
+
+
+async def closed_by_peer(stream: trio.abc.Stream) -> bool:
+    """True once the peer closes; TLS without close_notify counts (that is how corrfix closes)."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+    except trio.BrokenResourceError:
+        pass
+    return True
+
+
+def events(logs: list[dict], event: str) -> list[dict]:
+    return [entry for entry in logs if entry["event"] == event]
+
+
+def reasons(logs: list[dict], event: str) -> list[str]:
+    return [str(entry.get("reason")) for entry in events(logs, event)]
+
+
+# -- working combinations ----------------------------------------------------------------------
+
+
+async def test_tls_clients_with_a_plaintext_broker(certs):
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), tls)
+            with trio.fail_after(10):
+                stream = await open_tls(port, client_context(certs))
+                assert await round_trip(stream) == expected()
+            nursery.cancel_scope.cancel()
+    opened = events(logs, "connection opened")
+    assert len(opened) == 1 and opened[0]["client"].startswith(f"{LOOPBACK}:")  # the peer behind TLS
+
+
+async def test_plaintext_clients_with_a_tls_broker(certs):
+    broker = TlsFakeBroker(context=server_context(certs))
+    tls = TlsConfig(upstream_tls=True, upstream_cafile=certs.ca)
+    async with trio.open_nursery() as nursery:
+        port = await start_proxy(nursery, await nursery.start(broker.serve), tls)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+            assert await round_trip(stream) == expected()
+        nursery.cancel_scope.cancel()
+    assert broker.server_names == [None]  # an IP address is verified, never sent as SNI
+    assert broker.handshake_errors == []
+
+
+async def test_client_half_close_with_a_tls_broker_still_gets_every_answer(certs):
+    """TLS cannot half-close, so the client's end of stream stays with corrfix; answers still flow."""
+    broker = TlsFakeBroker(context=server_context(certs))
+    tls = TlsConfig(upstream_tls=True, upstream_cafile=certs.ca)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), tls)
+            with trio.fail_after(10):
+                stream = await trio.open_tcp_stream(LOOPBACK, port)
+                await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
+                await stream.send_eof()
+                got = answers(await read_frames(stream, 6))  # the answers, then end of stream
+            nursery.cancel_scope.cancel()
+    assert got == [(i, i) for i in range(5)]
+    assert reasons(logs, "connection closed") == ["client closed"]
+
+
+class PeerNames:
+    """An observer that only records the peers of each connection."""
+
+    def __init__(self) -> None:
+        self.opened: list[tuple[str, str]] = []
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        self.opened.append((client, upstream))
+
+    def frames(self, *args) -> None:
+        pass
+
+    def repair(self, *args) -> None:
+        pass
+
+    def connection_closed(self, *args) -> None:
+        pass
+
+
+async def test_tls_on_both_sides_with_mutual_tls_to_the_broker(certs):
+    broker = TlsFakeBroker(context=server_context(certs, require_client_cert=True))
+    tls = TlsConfig(
+        certfile=certs.server_cert,
+        keyfile=certs.server_key,
+        upstream_tls=True,
+        upstream_cafile=certs.ca,
+        upstream_server_hostname="localhost",
+        upstream_certfile=certs.client_cert,
+        upstream_keyfile=certs.client_key,
+    )
+    observer = PeerNames()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(
+            Address(LOOPBACK, 0), Address(LOOPBACK, broker_port), repair=FAST_REPAIR, tls=tls
+        )
+        port = (await nursery.start(Proxy(config, observer=observer).serve))[0].port
+        with trio.fail_after(10):
+            streams = [await open_tls(port, client_context(certs)) for _ in range(3)]
+            for stream in streams:
+                assert await round_trip(stream, 50) == expected(50)
+        nursery.cancel_scope.cancel()
+    assert broker.server_names == ["localhost"] * 3
+    assert broker.handshake_errors == []
+    assert {upstream for _, upstream in observer.opened} == {f"{LOOPBACK}:{broker_port}"}
+    assert all(client.startswith(f"{LOOPBACK}:") for client, _ in observer.opened)
+
+
+async def test_mutual_tls_refuses_a_client_without_a_certificate(certs):
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key, client_ca=certs.ca)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), tls)
+            with trio.fail_after(10):
+                anonymous = await trio.open_ssl_over_tcp_stream(
+                    LOOPBACK, port, ssl_context=client_context(certs)
+                )
+                try:  # with TLS 1.3 the client learns of the refusal only when it next reads
+                    await anonymous.do_handshake()
+                    await anonymous.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                    assert await closed_by_peer(anonymous)
+                except trio.BrokenResourceError:
+                    pass
+                assert broker.connections == 0  # refused before any upstream connection
+                good = await open_tls(port, client_context(certs, with_cert=True))
+                assert await round_trip(good) == expected()
+            nursery.cancel_scope.cancel()
+    failed = reasons(logs, "TLS handshake with client failed")
+    assert len(failed) == 1 and "certificate" in failed[0].lower()
+    assert broker.connections == 1
+
+
+async def test_broker_certificate_name_is_checked_unless_told_not_to(certs):
+    broker = TlsFakeBroker(context=server_context(certs))
+    wrong_name = TlsConfig(
+        upstream_tls=True, upstream_cafile=certs.ca, upstream_server_hostname="kafka.example"
+    )
+    unchecked = TlsConfig(
+        upstream_tls=True,
+        upstream_cafile=certs.ca,
+        upstream_server_hostname="kafka.example",
+        upstream_check_hostname=False,
+    )
+    untrusted = TlsConfig(upstream_tls=True, upstream_cafile=certs.other_ca)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            broker_port = await nursery.start(broker.serve)
+            refused = [await start_proxy(nursery, broker_port, tls) for tls in (wrong_name, untrusted)]
+            accepted = await start_proxy(nursery, broker_port, unchecked)
+            with trio.fail_after(10):
+                for port in refused:
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                    assert await closed_by_peer(stream)
+                stream = await trio.open_tcp_stream(LOOPBACK, accepted)
+                assert await round_trip(stream) == expected()
+            nursery.cancel_scope.cancel()
+    failed = reasons(logs, "TLS handshake with upstream failed")
+    assert len(failed) == 2
+    assert "certificate verify failed" in failed[0] and "kafka.example" in failed[0]
+    assert "certificate verify failed" in failed[1]
+    assert broker.server_names == ["kafka.example", None, "kafka.example"]  # an IP is never SNI
+
+
+# -- the other protocol ------------------------------------------------------------------------
+
+
+async def test_tls_client_on_a_plaintext_listener_is_named_and_closed(certs):
+    broker = FakeBroker()
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), None)
+            with trio.fail_after(10):
+                stream = await trio.open_ssl_over_tcp_stream(
+                    LOOPBACK, port, ssl_context=client_context(certs)
+                )
+                with pytest.raises(trio.BrokenResourceError):
+                    await stream.do_handshake()
+                good = await trio.open_tcp_stream(LOOPBACK, port)
+                assert await round_trip(good) == expected()
+            nursery.cancel_scope.cancel()
+    closing = reasons(logs, "closing connection")
+    assert len(closing) == 1 and closing[0].startswith("TLS handshake on a plaintext listener")
+    assert "frame size" not in closing[0]
+
+
+async def test_a_late_tls_looking_size_is_an_ordinary_bad_frame():
+    """Only a connection's first bytes can be a ClientHello; later, 0x16 0x03 is just a bad size."""
+    broker = FakeBroker()
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), None)
+            with trio.fail_after(10):
+                stream = await trio.open_tcp_stream(LOOPBACK, port)
+                assert await round_trip(stream, 1) == expected(1)
+                await stream.send_all(bytes.fromhex("16030100c8"))
+                assert await closed_by_peer(stream)
+            nursery.cancel_scope.cancel()
+    closing = reasons(logs, "closing connection")
+    assert len(closing) == 1 and closing[0].startswith("bad request from client: frame size")
+
+
+async def test_plaintext_client_on_a_tls_listener_is_named_and_closed(certs):
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), tls, connect_timeout=0.5)
+            with trio.fail_after(10):
+                plaintext = await trio.open_tcp_stream(LOOPBACK, port)
+                await plaintext.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                assert await closed_by_peer(plaintext)  # reset: the peeked bytes were never read
+                silent = await trio.open_tcp_stream(LOOPBACK, port)  # connects, never speaks
+                assert await closed_by_peer(silent)
+                good = await open_tls(port, client_context(certs))
+                assert await round_trip(good) == expected()
+            nursery.cancel_scope.cancel()
+    failed = reasons(logs, "TLS handshake with client failed")
+    assert len(failed) == 2
+    assert failed[0].startswith("not a TLS handshake (first byte 0x00)")
+    assert failed[1] == "no TLS handshake within 0.5s"
+    assert broker.connections == 1  # only the good client got an upstream connection
+
+
+async def test_plaintext_broker_behind_upstream_tls_is_named(certs):
+    """A Kafka broker reads a ClientHello as a 369 MB frame: it closes (Apache Kafka) or waits."""
+
+    async def closing_broker(stream: trio.SocketStream) -> None:
+        try:
+            while data := await stream.receive_some(65536):
+                FrameDecoder().feed(data)
+        except ProtocolError:
+            await stream.aclose()
+
+    async def waiting_broker(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    tls = TlsConfig(upstream_tls=True, upstream_cafile=certs.ca)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            ports = []
+            for handler in (closing_broker, waiting_broker):
+                listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host=LOOPBACK))
+                broker_port = listeners[0].socket.getsockname()[1]
+                ports.append(await start_proxy(nursery, broker_port, tls, connect_timeout=0.5))
+            with trio.fail_after(10):
+                for port in ports:
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                    assert await closed_by_peer(stream)
+            nursery.cancel_scope.cancel()
+    failed = reasons(logs, "TLS handshake with upstream failed")
+    assert len(failed) == 2
+    assert failed[0].startswith("the broker closed the connection during the TLS handshake")
+    assert failed[1].startswith("no TLS handshake answer within 0.5s")
+    assert all("plaintext listener? (drop --upstream-tls)" in reason for reason in failed)
+
+
+async def test_tls_broker_without_upstream_tls_is_named(certs):
+    """A JVM broker answers plaintext with a TLS alert (a 352 MB "frame"); OpenSSL just closes."""
+
+    async def alerting_broker(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(JAVA_STYLE_ALERT)
+        await stream.aclose()
+
+    openssl_broker = TlsFakeBroker(context=server_context(certs))
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, alerting_broker, 0, host=LOOPBACK)
+            )
+            alerting_port = await start_proxy(nursery, listeners[0].socket.getsockname()[1], None)
+            openssl_port = await start_proxy(nursery, await nursery.start(openssl_broker.serve), None)
+            with trio.fail_after(10):
+                for port in (alerting_port, openssl_port):
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                    assert await closed_by_peer(stream)
+            nursery.cancel_scope.cancel()
+    closing = reasons(logs, "closing connection")
+    assert closing == [
+        "the broker answered with a TLS record: it is a TLS listener (start corrfix with --upstream-tls)"
+    ]
+    hints = [e["hint"] for e in events(logs, "upstream closed before answering anything")]
+    assert hints == ["if the broker is a TLS listener, start corrfix with --upstream-tls"]
+    assert len(openssl_broker.handshake_errors) == 1
+
+
+async def test_a_broker_that_answered_plaintext_gets_no_tls_hint_when_it_resets():
+    """Tansu resets a connection after a request it rejects (kcat's Produce v0): once a
+    broker has answered plaintext on any connection, its closes are not a TLS listener."""
+    calls = iter(["answer", "close"])
+    broker = FakeBroker(lambda _index, _api_key: next(calls))
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            port = await start_proxy(nursery, await nursery.start(broker.serve), None)
+            with trio.fail_after(10):
+                for cid in (1, 2):
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
+                    got = await read_frames(stream, 1)
+                    assert len(got) == (1 if cid == 1 else 0)
+                    await stream.aclose()
+            nursery.cancel_scope.cancel()
+    assert events(logs, "upstream closed before answering anything") == []
+    assert len(events(logs, "upstream closed before answering anything on this connection")) == 1
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def parse(*options: str | Path):
+    argv = ["proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", *map(str, options)]
+    return build_parser().parse_args(argv)
+
+
+def test_no_tls_options_mean_plaintext_both_ways():
+    assert tls_config_from_args(parse()) is None
+    assert proxy_config_from_args(parse()).tls is None
+
+
+def test_options_become_a_tls_config(certs):
+    args = parse(
+        "--tls-cert", certs.server_cert, "--tls-key", certs.server_key, "--tls-client-ca", certs.ca,
+        "--upstream-tls", "--upstream-ca", certs.ca, "--upstream-server-name", "kafka.example",
+        "--upstream-cert", certs.client_cert, "--upstream-key", certs.client_key,
+        "--upstream-no-check-hostname",
+    )  # fmt: skip
+    assert proxy_config_from_args(args).tls == TlsConfig(
+        certfile=certs.server_cert,
+        keyfile=certs.server_key,
+        client_ca=certs.ca,
+        upstream_tls=True,
+        upstream_cafile=certs.ca,
+        upstream_server_hostname="kafka.example",
+        upstream_certfile=certs.client_cert,
+        upstream_keyfile=certs.client_key,
+        upstream_check_hostname=False,
+    )
+    assert tls_config_from_args(parse("--upstream-tls")) == TlsConfig(upstream_tls=True)
+
+
+def test_tls_settings_from_a_config_file(certs, tmp_path):
+    file = tmp_path / "tls.toml"
+    file.write_text(
+        f'listen = "127.0.0.1:0"\nupstream = "127.0.0.1:9092"\ntls-cert = "{certs.server_cert}"\n'
+        f'tls-key = "{certs.server_key}"\nupstream-tls = true\nupstream-ca = "{certs.ca}"\n'
+        "upstream-check-hostname = false\n"  # like rewrite = false for --no-rewrite: the setting's name
+    )
+    parser = build_parser()
+    argv = ["proxy", "--config", str(file)]
+    args = _with_config_file(parser, parser.parse_args(argv), argv)
+    assert proxy_config_from_args(args).tls == TlsConfig(
+        certfile=certs.server_cert,
+        keyfile=certs.server_key,
+        upstream_tls=True,
+        upstream_cafile=certs.ca,
+        upstream_check_hostname=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--tls-cert", "missing.pem"], r"--tls-cert missing\.pem: does not exist"),
+        (["--tls-cert", "{dir}"], r"--tls-cert .*: is not a file"),
+        (["--tls-cert", "{garbage}"], r"--tls-cert .*: not a usable PEM certificate and matching key"),
+        (["--tls-cert", "{server_cert}", "--tls-key", "{client_key}"], r"--tls-key .*: not a usable PEM"),
+        (["--tls-cert", "{server_cert}"], r"not a usable PEM certificate and matching key"),  # key missing
+        (["--tls-key", "{server_key}"], r"--tls-key needs --tls-cert"),
+        (["--tls-client-ca", "{ca}"], r"--tls-client-ca needs --tls-cert"),
+        (["--upstream-ca", "{ca}"], r"--upstream-ca needs --upstream-tls"),
+        (["--upstream-no-check-hostname"], r"--upstream-no-check-hostname needs --upstream-tls"),
+        (["--upstream-tls", "--upstream-key", "{client_key}"], r"--upstream-key needs --upstream-cert"),
+        (["--upstream-tls", "--upstream-ca", "{garbage}"], r"--upstream-ca .*: not a PEM CA bundle"),
+        (["--upstream-tls", "--upstream-cert", "nope.pem"], r"--upstream-cert nope\.pem: does not exist"),
+    ],
+)
+def test_unusable_settings_are_named_at_startup(certs, tmp_path, options, message):
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    names = {
+        "dir": tmp_path,
+        "garbage": garbage,
+        "ca": certs.ca,
+        "server_cert": certs.server_cert,
+        "server_key": certs.server_key,
+        "client_key": certs.client_key,
+    }
+    with pytest.raises(TlsError, match=message):
+        tls_config_from_args(parse(*(option.format(**names) for option in options)))
+
+
+def test_the_command_refuses_to_start_with_a_missing_certificate(tmp_path):
+    missing = tmp_path / "missing.pem"
+    command = ["-m", "corrfix", "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1"]
+    result = subprocess.run(
+        [sys.executable, *command, "--tls-cert", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "cannot start" in result.stderr and f"--tls-cert {missing}: does not exist" in result.stderr
+
+
+# -- real clients ------------------------------------------------------------------------------
+
+
+async def test_real_clients_over_tls_through_corrfix_to_plaintext_tansu(certs, tansu):
+    n = 500
+    tls = TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key)
+    kafka_python_tls = {"security_protocol": "SSL", "ssl_cafile": str(certs.ca)}
+    confluent_tls = {"security.protocol": "SSL", "ssl.ca.location": str(certs.ca)}
+    await trio.to_thread.run_sync(clients.create_topic, tansu.bootstrap, "tls", 2)
+    async with trio.open_nursery() as nursery:
+        proxy = Proxy(ProxyConfig(Address(LOOPBACK, 0), Address(LOOPBACK, tansu.port), tls=tls))
+        bootstrap = f"{LOOPBACK}:{(await nursery.start(proxy.serve))[0].port}"
+
+        async def in_thread(fn, *args, **kwargs):
+            return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+        with trio.fail_after(120):
+            produced = await in_thread(
+                clients.produce_kafka_python, bootstrap, "tls", n, acks="all", config=kafka_python_tls
+            )
+            by_kafka_python = await in_thread(
+                clients.consume_all, bootstrap, "tls", n, client="kafka-python", config=kafka_python_tls
+            )
+            by_confluent = await in_thread(clients.consume_all, bootstrap, "tls", n, config=confluent_tls)
+        nursery.cancel_scope.cancel()
+    assert produced.ok, produced
+    assert sorted(by_kafka_python) == clients.expected_values(n)
+    assert sorted(by_confluent) == clients.expected_values(n)
+    assert proxy.stats.connections_opened >= 3  # bootstrap and broker connections, all over TLS

@@ -1,0 +1,18 @@
+"""A proxy started in a test's nursery, with repair timers short enough for tests."""
+
+from __future__ import annotations
+
+import trio
+
+from corrfix.core import Address, RepairConfig
+from corrfix.proxy import Proxy, ProxyConfig
+
+FAST_REPAIR = RepairConfig(probe_after=0.2, probe_min=0.01)
+
+
+async def start_proxy(
+    nursery: trio.Nursery, upstream_port: int, repair: RepairConfig = FAST_REPAIR
+) -> tuple[Proxy, int]:
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", upstream_port), repair=repair))
+    bound = await nursery.start(proxy.serve)
+    return proxy, bound[0].port
