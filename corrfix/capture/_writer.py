@@ -13,6 +13,7 @@ import argparse
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,8 +26,8 @@ from corrfix.capture._files import CaptureFiles, capture_stem
 from corrfix.capture._recorder import Recorder, Row
 from corrfix.capture._row_queue import RowQueue, frame_size
 from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
-from corrfix.capture.format import Direction, Side, Source, schema_for
-from corrfix.core import RepairEvent
+from corrfix.capture.format import Source, schema_for
+from corrfix.core import Event
 
 log = structlog.get_logger("corrfix.capture")
 
@@ -99,14 +100,15 @@ class CaptureWriter:
 
     # -- ConnectionObserver: called by the relay, in its thread --------------------------
 
+    @property
+    def snaplen(self) -> int:
+        return self._recorder.snaplen
+
     def connection_opened(self, connection: str, client: str, upstream: str) -> None:
         self._recorder.connection_opened(connection, client, upstream)
 
-    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
-        self._recorder.frames(connection, side, direction, frames)
-
-    def repair(self, connection: str, event: RepairEvent) -> None:
-        self._recorder.repair(connection, event)
+    def events(self, connection: str, events: Sequence[Event]) -> None:
+        self._recorder.events(connection, events)
 
     def connection_closed(self, connection: str, reason: str) -> None:
         self._recorder.connection_closed(connection, reason)

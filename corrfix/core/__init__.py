@@ -14,9 +14,20 @@ from ._connection import (
     FLUSH_TIMEOUT,
     ConnectionConfig,
     ConnectionCore,
-    FrameTap,
 )
-from ._events import Answered, Closed, Event, Forwarded, Notice, Repaired, RepairEvent, RepairKind
+from ._events import (
+    Answered,
+    Closed,
+    Event,
+    Forwarded,
+    Notice,
+    PeerSide,
+    Received,
+    Repaired,
+    RepairEvent,
+    RepairKind,
+    Sent,
+)
 from ._latency import RetransmitTimer
 from ._repair import (
     MAX_CORRELATION_ID,
@@ -48,10 +59,11 @@ __all__ = [
     "ConnectionCore",
     "Event",
     "Forwarded",
-    "FrameTap",
     "Notice",
+    "PeerSide",
     "Phase",
     "ProducePolicy",
+    "Received",
     "RepairConfig",
     "RepairEvent",
     "RepairKind",
@@ -59,6 +71,7 @@ __all__ = [
     "Repaired",
     "RetransmitTimer",
     "RoutingError",
+    "Sent",
     "parse_host_port",
     "tls_on_plaintext",
 ]

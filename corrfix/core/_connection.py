@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corrfix.core._events import Closed, Event, Notice
+from corrfix.core._events import Closed, Event, Notice, PeerSide, Received, Sent
 from corrfix.core._repair import Actions, RepairConfig, RepairMachine
 from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
@@ -34,9 +34,14 @@ DISCARD_LIMIT = 1024 * 1024
 """Bytes a closing connection reads and discards from a client after its own end of stream,
 so that closing the socket sends a FIN, not a RST that could destroy answers in flight."""
 
-FrameTap = Callable[[str, list[bytearray]], None]
-"""Sees whole frames as they arrive, before the machine patches them: ``("client", requests)``
-or ``("upstream", answers)``. It must copy what it keeps."""
+
+HEADER_COPY = 1024
+"""Bytes of a received frame copied for an observer at the least: enough for any header
+a real client sends, so a header-only capture can still find where the body starts."""
+
+
+def _received(side: PeerSide, frames: list[bytearray], limit: int) -> Received:
+    return Received(side, [bytes(memoryview(frame)[:limit]) for frame in frames], [len(f) for f in frames])
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +74,7 @@ class ConnectionCore:
         client_tls: bool = False,
         upstream_tls: bool = False,
         upstream_known_plaintext: Callable[[], bool] = lambda: False,
-        tap: FrameTap | None = None,
+        record_frames: int | None = None,
     ) -> None:
         self.config = config
         self.machine = machine
@@ -78,7 +83,8 @@ class ConnectionCore:
         self._client_tls = client_tls
         self._upstream_tls = upstream_tls
         self._upstream_known_plaintext = upstream_known_plaintext
-        self._tap = tap
+        # Frame events for an observer: how much of each received frame to copy (None: none).
+        self._record = None if record_frames is None else max(record_frames, HEADER_COPY)
         self._to_upstream: list[bytearray] = []
         self._to_client: list[bytearray] = []
         self._events: list[Event] = []
@@ -179,8 +185,8 @@ class ConnectionCore:
             self._partial_since = now  # a frame began in this chunk
         if frames:
             self._client_spoke = True  # a size error now is no ClientHello
-            if self._tap is not None:
-                self._tap("client", frames)
+            if self._record is not None:
+                self._events.append(_received("client", frames, self._record))
             try:
                 actions = self.machine.client_frames(frames, now)
             except ProtocolError as exc:
@@ -240,8 +246,8 @@ class ConnectionCore:
             if not frames:
                 return
             self.upstream_spoke = True
-            if self._tap is not None:
-                self._tap("upstream", frames)
+            if self._record is not None:
+                self._events.append(_received("upstream", frames, self._record))
             actions = self.machine.upstream_frames(frames, now)
         except ProtocolError as exc:
             plaintext = not self.upstream_spoke and not self._upstream_tls
@@ -353,8 +359,12 @@ class ConnectionCore:
     def _apply(self, actions: Actions) -> None:
         if actions.to_upstream:
             self._to_upstream += actions.to_upstream
+            if self._record is not None:
+                self._events.append(Sent("upstream", actions.to_upstream))
         if actions.to_client and not self.abandon_client:
             self._to_client += actions.to_client
+            if self._record is not None:
+                self._events.append(Sent("client", actions.to_client))
         if actions.events:
             self._events += actions.events
         if actions.close is not None:

@@ -27,6 +27,30 @@ class RepairKind(StrEnum):
     """An answer rewritten for a client known to misread it (librdkafka before 2.2.0)."""
 
 
+PeerSide = Literal["client", "upstream"]
+"""Which TCP connection: client <-> proxy, or proxy <-> broker (capture's ``side``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """Frames as they arrived on ``side``, copied before the machine patches them in place:
+    each copy holds the frame's first bytes, ``lengths`` the whole sizes. Made only when
+    the shell asked to record frames."""
+
+    side: PeerSide
+    frames: list[bytes]
+    lengths: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Whole frames handed to the shell for ``side``, in order (recorded frames only). The
+    machine may patch them later (a re-send gets a new id): a consumer copies what it keeps."""
+
+    side: PeerSide
+    frames: list[bytearray]
+
+
 @dataclass(frozen=True, slots=True)
 class Forwarded:
     """A client request went upstream under an id of the proxy's (acks=0 Produce included)."""
@@ -84,4 +108,4 @@ class Closed:
     reason: str
 
 
-Event = Forwarded | Answered | Repaired | Notice | Closed
+Event = Received | Sent | Forwarded | Answered | Repaired | Notice | Closed

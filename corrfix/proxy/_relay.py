@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
-from corrfix.capture.format import Direction, Side
 from corrfix.core import (
     CLOSE_GRACE,
     DISCARD_LIMIT,
@@ -357,7 +356,7 @@ class ProxyConnection:
             client_tls=isinstance(self.client, trio.SSLStream),
             upstream_tls=isinstance(upstream, trio.SSLStream),
             upstream_known_plaintext=lambda: self.upstream in self.stats.answering_upstreams,
-            tap=self._tap if self.observer is not None else None,
+            record_frames=None if self.observer is None else self.observer.snaplen,
         )
         self.to_client.attach(self.client)
         self.to_upstream.attach(upstream)
@@ -529,8 +528,8 @@ class ProxyConnection:
             to_upstream = core.take_upstream()
             to_client = core.take_client()
             events = core.take_events()
-            if self.observer is not None:
-                self._observe(to_upstream, to_client, events)
+            if self.observer is not None and events:
+                self.observer.events(self.conn_id, events)
             if self.metrics is not None:
                 self._count_sent(to_upstream, to_client)
             if to_upstream:
@@ -560,30 +559,12 @@ class ProxyConnection:
         if self._state_changed:
             self._state_changed.unpark_all()
 
-    def _tap(self, side: str, frames: list[bytearray]) -> None:
-        assert self.observer is not None
-        if side == "client":
-            self.observer.frames(self.conn_id, Side.CLIENT, Direction.REQUEST, frames)
-        else:
-            self.observer.frames(self.conn_id, Side.UPSTREAM, Direction.RESPONSE, frames)
-
     def _count_sent(self, to_upstream: list[bytearray], to_client: list[bytearray]) -> None:
         assert self.metrics is not None
         if to_upstream:
             self.metrics.upstream_request_bytes.inc(sum(len(frame) for frame in to_upstream))
         if to_client:
             self.metrics.client_response_bytes.inc(sum(len(frame) for frame in to_client))
-
-    def _observe(self, to_upstream: list[bytearray], to_client: list[bytearray], events: list[Event]) -> None:
-        observer = self.observer
-        assert observer is not None
-        if to_upstream:
-            observer.frames(self.conn_id, Side.UPSTREAM, Direction.REQUEST, to_upstream)
-        if to_client:
-            observer.frames(self.conn_id, Side.CLIENT, Direction.RESPONSE, to_client)
-        for event in events:
-            if isinstance(event, Repaired):
-                observer.repair(self.conn_id, event)
 
     def _consume(self, event: Event) -> None:
         """Metrics and logs from the core's events."""

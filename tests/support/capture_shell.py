@@ -1,8 +1,8 @@
-"""The relay's observer calls around a real RepairMachine, without sockets or trio.
+"""A connection core with a real RepairMachine, its events reported to an observer, without
+sockets or trio.
 
-:class:`Shell` reports to an observer exactly as ``ProxyConnection`` does: client
-requests before the machine sees them, then the machine's actions in ``_observe`` order
-(upstream sends, client deliveries, repair events). Time is explicit.
+:class:`Shell` feeds the core as the relay does and hands the observer each batch of the
+core's events, so whatever it records is what the proxy would record. Time is explicit.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from corrfix.capture.format import Direction, Side
-from corrfix.core import Actions, RepairConfig, RepairMachine
+from corrfix.core import ConnectionConfig, ConnectionCore, RepairConfig, RepairMachine
 from corrfix.proxy import ConnectionObserver
 from protocol import ApiKey
 from protocol.testing import request_frame, response_frame
@@ -28,6 +27,9 @@ class Shell:
 
     def __post_init__(self) -> None:
         self.machine = RepairMachine(self.config, **self.machine_options)
+        self.core = ConnectionCore(
+            ConnectionConfig(repair=self.config), self.machine, self.now, record_frames=self.observer.snaplen
+        )
         self.sent: list[bytes] = []  # what went upstream, in order
         self.delivered: list[bytes] = []  # what the client got, in order
 
@@ -35,32 +37,27 @@ class Shell:
         self.observer.connection_opened(self.connection, client, upstream)
 
     def client_sends(self, *frames: bytes | bytearray) -> None:
-        batch = [bytearray(f) for f in frames]
-        self.observer.frames(self.connection, Side.CLIENT, Direction.REQUEST, batch)
-        self._apply(self.machine.client_frames(batch, self.now))
+        self.core.receive_client(b"".join(frames), self.now)
+        self._carry_out()
 
     def broker_answers(self, *frames: bytes | bytearray) -> None:
-        batch = [bytearray(f) for f in frames]
-        self.observer.frames(self.connection, Side.UPSTREAM, Direction.RESPONSE, batch)
-        self._apply(self.machine.upstream_frames(batch, self.now))
+        self.core.receive_upstream(b"".join(frames), self.now)
+        self._carry_out()
 
     def tick(self, now: float) -> None:
         self.now = now
-        self._apply(self.machine.tick(now))
+        self.core.tick(now)
+        self._carry_out()
 
     def close(self, reason: str = "client closed") -> None:
         self.observer.connection_closed(self.connection, reason)
 
-    def _apply(self, actions: Actions) -> None:
-        if actions.to_upstream:
-            self.observer.frames(self.connection, Side.UPSTREAM, Direction.REQUEST, actions.to_upstream)
-        if actions.to_client:
-            self.observer.frames(self.connection, Side.CLIENT, Direction.RESPONSE, actions.to_client)
-        for event in actions.repairs:
-            self.observer.repair(self.connection, event)
-        # The relay copies into its send buffers before the next call into the machine.
-        self.sent.extend(bytes(f) for f in actions.to_upstream)
-        self.delivered.extend(bytes(f) for f in actions.to_client)
+    def _carry_out(self) -> None:
+        events = self.core.take_events()
+        if events:
+            self.observer.events(self.connection, events)
+        self.sent += (bytes(frame) for frame in self.core.take_upstream())
+        self.delivered += (bytes(frame) for frame in self.core.take_client())
 
 
 def run_repair_scenario(shell: Shell) -> None:

@@ -12,11 +12,11 @@ Frames a client exchanges raw (SASL v0 tokens) have no Kafka header; they are sk
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corrfix.capture.format import Direction, Side
-from corrfix.core import RepairEvent
+from corrfix.core import Event, Received, Repaired, RepairEvent, Sent
 from protocol import ApiKey, ProtocolError, parse_request_header, response_correlation_id
 from protocol._rewrite import decode_response_body, split_response
 
@@ -72,25 +72,35 @@ class ClientView:
     undecodable: list[str] = field(default_factory=list)
     repairs: list[RepairEvent] = field(default_factory=list)
     _pending: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    snaplen: int = 0
+    """Request headers are all it reads of what clients sent."""
 
     def connection_opened(self, connection: str, client: str, upstream: str) -> None:
         del client
         self.upstreams[connection] = upstream
         self._pending[connection] = {}
 
-    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
-        if side is not Side.CLIENT:
-            return
+    def events(self, connection: str, events: Sequence[Event]) -> None:
+        for event in events:
+            if isinstance(event, Received) and event.side == "client":
+                self._requests(connection, event.frames)
+            elif isinstance(event, Sent) and event.side == "client":
+                self._answers(connection, event.frames)
+            elif isinstance(event, Repaired):
+                self.repairs.append(event)
+
+    def _requests(self, connection: str, frames: list[bytearray]) -> None:
         pending = self._pending.setdefault(connection, {})
-        if direction is Direction.REQUEST:
-            for request in frames:
-                try:
-                    header = parse_request_header(request)
-                except ProtocolError:
-                    continue  # a raw SASL token
-                self.api_calls[header.api_key] += 1
-                pending[header.correlation_id] = (header.api_key, header.api_version)
-            return
+        for request in frames:
+            try:
+                header = parse_request_header(request)
+            except ProtocolError:
+                continue  # a raw SASL token
+            self.api_calls[header.api_key] += 1
+            pending[header.correlation_id] = (header.api_key, header.api_version)
+
+    def _answers(self, connection: str, frames: list[bytearray]) -> None:
+        pending = self._pending.setdefault(connection, {})
         for answer in frames:
             try:
                 correlation_id = response_correlation_id(answer)
@@ -105,10 +115,6 @@ class ClientView:
                 self.undecodable.append(f"{connection} api {api_key} v{api_version}: {exc}")
                 continue
             self.addresses.extend(addresses_in(api_key, api_version, message))
-
-    def repair(self, connection: str, event: RepairEvent) -> None:
-        del connection
-        self.repairs.append(event)
 
     def connection_closed(self, connection: str, reason: str) -> None:
         self.closed[connection] = reason

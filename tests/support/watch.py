@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import trio
 
-from corrfix.capture.format import Direction, Side
-from corrfix.core import RepairEvent
+from corrfix.core import Event
 from corrfix.proxy import ConnectionObserver
 
 
@@ -18,17 +19,18 @@ class Watch:
         self.opened = 0
         self._changed = trio.Event()
 
+    @property
+    def snaplen(self) -> int:
+        return self.inner.snaplen
+
     def connection_opened(self, connection: str, client: str, upstream: str) -> None:
         self.inner.connection_opened(connection, client, upstream)
         self.active.add(connection)
         self.opened += 1
         self._changed.set()
 
-    def frames(self, connection: str, side: Side, direction: Direction, frames: list[bytearray]) -> None:
-        self.inner.frames(connection, side, direction, frames)
-
-    def repair(self, connection: str, event: RepairEvent) -> None:
-        self.inner.repair(connection, event)
+    def events(self, connection: str, events: Sequence[Event]) -> None:
+        self.inner.events(connection, events)
 
     def connection_closed(self, connection: str, reason: str) -> None:
         self.inner.connection_closed(connection, reason)

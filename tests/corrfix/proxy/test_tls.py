@@ -223,16 +223,15 @@ async def test_client_half_close_with_a_tls_broker_still_gets_every_answer(certs
 class PeerNames:
     """An observer that only records the peers of each connection."""
 
+    snaplen = 0
+
     def __init__(self) -> None:
         self.opened: list[tuple[str, str]] = []
 
     def connection_opened(self, connection: str, client: str, upstream: str) -> None:
         self.opened.append((client, upstream))
 
-    def frames(self, *args) -> None:
-        pass
-
-    def repair(self, *args) -> None:
+    def events(self, *args) -> None:
         pass
 
     def connection_closed(self, *args) -> None:
