@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import timeit
 
-from protocol import ApiKey
-from protocol._rewrite import rewrite_response
-from protocol._schemas import response_class
+from protocol import ApiKey, response_class, rewrite_response
 
 PRODUCE_VERSION = 11
 FETCH_VERSION = 16

@@ -371,7 +371,7 @@ def _add_capture_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_chaos_parser(subparsers: argparse._SubParsersAction) -> None:
-    from corrfix.chaos._relay import add_chaos_arguments
+    from corrfix.chaos import add_chaos_arguments
 
     p = subparsers.add_parser(
         "chaos",
@@ -385,7 +385,7 @@ def _add_chaos_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_chaos(args: argparse.Namespace) -> int:
-    from corrfix.chaos._relay import chaos_config_from_args, run_chaos
+    from corrfix.chaos import chaos_config_from_args, run_chaos
 
     config = chaos_config_from_args(args)
     trio.run(run_until_signalled, lambda: run_chaos(config, handle_signals=False))

@@ -6,10 +6,18 @@ bench use. Bodies are encoded and decoded by kafka-python from Apache
 Kafka's JSON schemas; only the hot-path fields are parsed by hand.
 """
 
-from protocol._api_key import ApiKey
-from protocol._errors import FrameSizeError, ProtocolError
-from protocol._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder, frame
-from protocol._headers import (
+from ._api_key import ApiKey
+from ._api_versions import (
+    cap_api_versions,
+    client_software,
+    decodable_max_versions,
+    mis_skips_tagged_fields,
+    strip_tagged_fields,
+    unsupported_api_versions_response,
+)
+from ._errors import FrameSizeError, ProtocolError
+from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecoder, frame
+from ._headers import (
     MIN_RESPONSE_FRAME,
     RequestHeader,
     parse_request_header,
@@ -21,15 +29,16 @@ from protocol._headers import (
     response_correlation_id,
     response_header_version,
 )
-from protocol._requests import (
+from ._requests import (
     expects_response,
     fetch_max_wait_ms,
     produce_acks,
     produce_is_idempotent,
     sasl_mechanism,
 )
-from protocol._sasl import SASL_KEYS, SASL_V0_ROUNDS, is_sasl_v0_handshake
-from protocol._schemas import api_name, api_schemas, is_flexible, request_class, response_class
+from ._rewrite import needs_rewrite, rewrite_response
+from ._sasl import SASL_KEYS, SASL_V0_ROUNDS, SaslV0Tokens, is_sasl_v0_handshake
+from ._schemas import api_name, api_schemas, is_flexible, request_class, response_class
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -43,6 +52,7 @@ __all__ = [
     "FrameSizeError",
     "ProtocolError",
     "RequestHeader",
+    "SaslV0Tokens",
     "api_name",
     "api_schemas",
     "cap_api_versions",

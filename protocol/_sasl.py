@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from protocol._api_key import ApiKey
+from protocol._errors import ProtocolError
+from protocol._framing import BytesLike
+from protocol._headers import parse_request_header
+from protocol._requests import sasl_mechanism
 
 SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 """Until authentication completes, Kafka's SASL authenticator accepts only the next SASL
@@ -17,3 +21,53 @@ def is_sasl_v0_handshake(api_key: int, api_version: int) -> bool:
     """After a successful SaslHandshake v0, SASL tokens travel as bare size-prefixed frames
     with no Kafka header and no correlation id (v1+ wraps them in SaslAuthenticate)."""
     return api_key == ApiKey.SASL_HANDSHAKE and api_version == 0
+
+
+class SaslV0Tokens:
+    """Which frames of one connection are SASL v0 tokens, from the frames alone.
+
+    Feed it the SaslHandshake v0 request and its answer; then ask of each later client frame
+    whether it is a token, and of each broker frame whether it answers one. A successful
+    handshake starts ``SASL_V0_ROUNDS`` round trips of tokens (an unlisted mechanism: tokens
+    until the connection ends). The repair machine, capture and the chaos relay all decide
+    by this one rule.
+    """
+
+    __slots__ = ("_mechanism", "_owed", "_rounds")
+
+    def __init__(self) -> None:
+        self._mechanism: str | None = None  # of a handshake not yet answered ("" if unreadable)
+        self._rounds: int | None = 0  # token round trips left; None: until the connection ends
+        self._owed = 0  # tokens sent, not answered yet
+
+    @property
+    def active(self) -> bool:
+        """True while client frames are tokens."""
+        return self._rounds is None or self._rounds > 0
+
+    def handshake_sent(self, frame: BytesLike) -> None:
+        try:
+            self._mechanism = sasl_mechanism(frame, parse_request_header(frame)) or ""
+        except (ProtocolError, ValueError):
+            self._mechanism = ""
+
+    def handshake_answered(self, answer: BytesLike) -> None:
+        """Tokens start when the handshake's answer has error code 0 (header v0: body at 8)."""
+        mechanism, self._mechanism = self._mechanism, None
+        if mechanism is None or len(answer) < 10 or int.from_bytes(answer[8:10], "big", signed=True) != 0:
+            return
+        self._rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
+
+    def request_is_token(self) -> bool:
+        if self.active:
+            self._owed += 1
+            return True
+        return False
+
+    def answer_is_token(self) -> bool:
+        if self._owed or self._rounds is None:
+            self._owed = max(self._owed - 1, 0)
+            if self._rounds is not None:
+                self._rounds -= 1
+            return True
+        return False

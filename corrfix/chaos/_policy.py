@@ -23,8 +23,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import protocol
-from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError, is_sasl_v0_handshake
-from protocol._framing import BytesLike
+from protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    BytesLike,
+    FrameDecoder,
+    ProtocolError,
+    SaslV0Tokens,
+    is_sasl_v0_handshake,
+)
 
 UNKNOWN_API = -1
 """Pseudo api key of a response whose request was not seen (a stray reply, e.g. to acks=0)."""
@@ -332,18 +338,16 @@ class ConnectionChaos:
     broker sent (:meth:`broker_data`) to get each response frame with its decision. Both
     raise :class:`protocol.ProtocolError` on garbage; the connection should then be closed.
 
-    SaslHandshake v0 is followed by raw SASL tokens with no Kafka header. After a
-    successful v0 handshake, client frames that do not look like a request of a known
-    api and version are taken as tokens, and the broker's next frames as their answers,
-    which are forwarded untouched.
+    SaslHandshake v0 is followed by raw SASL tokens with no Kafka header. Which frames they
+    are is protocol's rule (:class:`protocol.SaslV0Tokens`), the one the proxy follows;
+    token answers are forwarded untouched.
     """
 
     __slots__ = (
         "_in_flight",
-        "_raw_tokens",
         "_request_decoder",
         "_response_decoder",
-        "_sasl_raw",
+        "_sasl_v0",
         "name",
         "policy",
         "requests",
@@ -358,8 +362,7 @@ class ConnectionChaos:
         self._in_flight: OrderedDict[int, _InFlight] = OrderedDict()
         self._request_decoder = FrameDecoder(max_frame_size, peer=f"{name} client")
         self._response_decoder = FrameDecoder(max_frame_size, peer=f"{name} broker")
-        self._sasl_raw = False
-        self._raw_tokens = 0
+        self._sasl_v0 = SaslV0Tokens()
 
     @property
     def in_flight(self) -> int:
@@ -379,12 +382,11 @@ class ConnectionChaos:
     def request(self, frame: BytesLike) -> None:
         """One whole request frame (size prefix included) on its way to the broker."""
         self.requests += 1
-        if self._sasl_raw:
-            if not _looks_like_request(frame):
-                self._raw_tokens += 1
-                return
-            self._sasl_raw = False
+        if self._sasl_v0.request_is_token():
+            return
         header = protocol.parse_request_header(frame)
+        if is_sasl_v0_handshake(header.api_key, header.api_version):
+            self._sasl_v0.handshake_sent(frame)
         if header.body_offset is not None and not protocol.expects_response(frame, header):
             return  # Produce acks=0: no answer is due, so a reply to it is a stray.
         in_flight = self._in_flight
@@ -396,41 +398,20 @@ class ConnectionChaos:
     def response(self, frame: BytesLike) -> Decision:
         """One whole response frame (size prefix included) on its way to the client."""
         self.responses += 1
-        if self._raw_tokens:
-            self._raw_tokens -= 1
+        if self._sasl_v0.answer_is_token():
             return self.policy.passthrough(SASL_TOKEN_API)
         correlation_id = protocol.response_correlation_id(frame)
         request = self._in_flight.pop(correlation_id, None)
         if request is None:
             return self.policy.decide(UNKNOWN_API, correlation_id)
-        if is_sasl_v0_handshake(request.api_key, request.api_version) and _error_code(frame) == 0:
-            self._sasl_raw = True
+        if is_sasl_v0_handshake(request.api_key, request.api_version):
+            self._sasl_v0.handshake_answered(frame)
         return self.policy.decide(request.api_key, correlation_id, request.api_version)
 
     def close(self) -> None:
         """The connection is gone; forget its requests."""
         self._in_flight.clear()
         self.policy.connections_closed += 1
-
-
-def _looks_like_request(frame: BytesLike) -> bool:
-    """Whether a frame starts like a request of a known api at a valid version."""
-    if len(frame) < 12:
-        return False
-    api_key = int.from_bytes(frame[4:6], "big", signed=True)
-    api_version = int.from_bytes(frame[6:8], "big", signed=True)
-    schema = protocol.api_schemas().get(api_key)
-    if schema is None:
-        return False
-    low, high = schema.valid_versions
-    return low <= api_version <= high
-
-
-def _error_code(frame: BytesLike) -> int | None:
-    """The error code at the start of a header-v0 response body, if there is one."""
-    if len(frame) < 10:
-        return None
-    return int.from_bytes(frame[8:10], "big", signed=True)
 
 
 __all__ = [

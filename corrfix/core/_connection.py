@@ -138,7 +138,9 @@ class ConnectionCore:
 
     def next_deadline(self) -> float:
         """When :meth:`tick` next has something to do (``math.inf``: nothing pending)."""
-        due = min(self._upstream_deadline, self._flush_deadline)
+        due = self._flush_deadline
+        if not self.stop_upstream:
+            due = min(due, self._upstream_deadline)
         machine_due = self.machine.next_deadline()
         if machine_due is not None:
             due = min(due, machine_due)
@@ -271,6 +273,8 @@ class ConnectionCore:
         if self._upstream_tls:
             self.finish(self.close_reason or "client closed", now)
             return
+        if self._upstream_eof_sent:
+            return
         self._upstream_eof_sent = True
         self._upstream_deadline = now + self.config.close_linger
 
@@ -294,7 +298,6 @@ class ConnectionCore:
             self.abort(self.close_reason or "could not deliver to the client in time")
             return
         if now >= self._upstream_deadline and not self.stop_upstream:
-            self._upstream_deadline = math.inf
             if self._upstream_eof_sent:
                 self._note("broker kept its side open after the proxy's end of stream")
             else:

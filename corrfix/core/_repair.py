@@ -23,23 +23,23 @@ from corrfix.core._events import Answered, Event, Forwarded, Repaired, RepairKin
 from corrfix.core._latency import RetransmitTimer
 from protocol import (
     SASL_KEYS,
-    SASL_V0_ROUNDS,
     ApiKey,
     ProtocolError,
     RequestHeader,
+    SaslV0Tokens,
     api_name,
+    client_software,
     fetch_max_wait_ms,
     is_sasl_v0_handshake,
+    mis_skips_tagged_fields,
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
     produce_acks,
     produce_is_idempotent,
     response_correlation_id,
-    sasl_mechanism,
+    strip_tagged_fields,
 )
-from protocol._api_versions import client_software, mis_skips_tagged_fields, strip_tagged_fields
-from protocol._headers import MIN_RESPONSE_FRAME
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH, _API_VERSIONS = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.API_VERSIONS
@@ -193,11 +193,9 @@ class RepairMachine:
         self._probe_backoff = 0
         self._timer = RetransmitTimer(self.config.probe_min, self.config.probe_after)
         # SASL v0: after a successful SaslHandshake v0, tokens travel as bare frames with no
-        # header. ``_raw_rounds`` counts the round trips left (None: until the connection
-        # ends); ``_raw_owed`` counts tokens the broker has not answered yet.
+        # header; protocol's rule says which frames they are.
         self._sasl_handshake: _Request | None = None
-        self._raw_rounds: int | None = 0
-        self._raw_owed = 0
+        self._sasl_v0 = SaslV0Tokens()
         # SaslHandshake / SaslAuthenticate requests not yet answered to the client.
         self._sasl_pending = 0
         # No request outside PREAMBLE_KEYS sent yet: no probes.
@@ -245,8 +243,7 @@ class RepairMachine:
         if self.closed is not None:
             return actions
         for frame in frames:
-            if self.raw_mode:
-                self._raw_owed += 1
+            if self._sasl_v0.request_is_token():
                 actions.to_upstream.append(frame)
                 continue
             header = parse_request_header(frame)
@@ -267,6 +264,7 @@ class RepairMachine:
                     self._sasl_pending += 1
                     if is_sasl_v0_handshake(header.api_key, header.api_version):
                         self._sasl_handshake = request
+                        self._sasl_v0.handshake_sent(frame)
                 request.upstream_id = upstream_id
                 request.seq = self._seq
                 self._sent[upstream_id] = request
@@ -285,8 +283,8 @@ class RepairMachine:
         for frame in frames:
             if self.closed is not None:
                 break
-            if self._raw_owed or self._raw_rounds is None:
-                self._on_raw_token(frame, actions)
+            if self._sasl_v0.answer_is_token():
+                actions.to_client.append(frame)
                 continue
             self._on_response(frame, now, actions)
             self._deliver_ready(actions)
@@ -307,7 +305,7 @@ class RepairMachine:
     @property
     def raw_mode(self) -> bool:
         """True while SASL v0 tokens, which carry no header, are being exchanged."""
-        return self._raw_rounds is None or self._raw_rounds > 0
+        return self._sasl_v0.active
 
     def upstream_closed(self) -> Actions:
         """The broker connection ended; whatever is still owed can never arrive on it."""
@@ -336,21 +334,6 @@ class RepairMachine:
         return actions
 
     # -- internals ---------------------------------------------------------------------
-
-    def _on_raw_token(self, frame: bytearray, actions: Actions) -> None:
-        self._raw_owed = max(self._raw_owed - 1, 0)
-        actions.to_client.append(frame)
-        if self._raw_rounds is not None:
-            self._raw_rounds -= 1
-
-    def _after_sasl_handshake(self, request: _Request, response: bytearray) -> None:
-        """Enter raw-token mode when a SaslHandshake v0 succeeded."""
-        self._sasl_handshake = None
-        body = response[MIN_RESPONSE_FRAME:]
-        if len(body) < 2 or int.from_bytes(body[:2], "big", signed=True) != 0:
-            return
-        mechanism = sasl_mechanism(request.frame, request.header)
-        self._raw_rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
 
     def _identify_client(self, frame: bytearray, header: RequestHeader) -> None:
         """Remember a client that misreads tagged fields, from its ApiVersions v3+ request."""
@@ -468,7 +451,8 @@ class RepairMachine:
             frame = self._compat_answer(entry, frame, actions)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         if entry is self._sasl_handshake:
-            self._after_sasl_handshake(entry, frame)
+            self._sasl_handshake = None
+            self._sasl_v0.handshake_answered(frame)
         entry.response = frame
         self._held_bytes += len(frame)
 

@@ -14,9 +14,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from corrfix.core._address import Address
-from protocol import ApiKey, ProtocolError, RequestHeader
-from protocol._api_versions import cap_api_versions, decodable_max_versions, unsupported_api_versions_response
-from protocol._rewrite import needs_rewrite, rewrite_response
+from protocol import (
+    ApiKey,
+    ProtocolError,
+    RequestHeader,
+    cap_api_versions,
+    decodable_max_versions,
+    needs_rewrite,
+    rewrite_response,
+    unsupported_api_versions_response,
+)
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _API_VERSIONS = ApiKey.API_VERSIONS

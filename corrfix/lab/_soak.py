@@ -37,8 +37,7 @@ from corrfix.core import Address, RepairKind
 from corrfix.lab import workload
 from corrfix.lab._tansu import TansuBroker
 from corrfix.proxy import Proxy, ProxyConfig
-from protocol import ApiKey, parse_request_header
-from protocol._schemas import request_class
+from protocol import ApiKey, parse_request_header, request_class
 
 PLAIN_TOPIC = "soak-kafka-python"
 IDEMPOTENT_TOPIC = "soak-idempotent"

@@ -5,11 +5,13 @@ It moves bytes and timers; what to do with them is decided by :mod:`corrfix.core
 
 from __future__ import annotations
 
-from ._config import ConfigError, defaults_from_toml
+from ._config import ProxyConfig
+from ._config_file import ConfigError, defaults_from_toml
+from ._connection import ProxyConnection, ProxyStats
 from ._logs import configure_logging
 from ._metrics import ProxyMetrics
 from ._observer import ConnectionObserver
-from ._relay import ListenError, Proxy, ProxyConfig, ProxyConnection, ProxyStats
+from ._server import ListenError, Proxy
 from ._tls import TlsConfig, TlsError, add_tls_arguments, tls_config_from_args
 from ._workers import run_workers
 

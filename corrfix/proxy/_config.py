@@ -1,59 +1,53 @@
-"""Settings from a TOML file, for the same options as the command line.
-
-Keys are the long option names, with dashes or underscores (``probe-after = 0.5``), at the
-top level or in a ``[proxy]`` table. A flag on the command line overrides the file. An
-unknown key is an error, so a typo never silently falls back to a default.
-"""
+"""What ``corrfix proxy`` is told: its addresses, limits, timeouts and repair settings."""
 
 from __future__ import annotations
 
-import argparse
-import tomllib
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+
+from corrfix.core import Address, BrokerPorts, ConnectionConfig, RepairConfig
+from corrfix.proxy._tls import TlsConfig
+from protocol import DEFAULT_MAX_FRAME_SIZE
 
 
-class ConfigError(ValueError):
-    """The file cannot be read, or names a setting the command does not have."""
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    listen: Address
+    upstream: Address
+    repair: RepairConfig = field(default_factory=RepairConfig)
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    connect_timeout: float = 10.0
+    connect_retries: int = 2
+    """Further upstream connect attempts after a refused or timed-out one, with backoff."""
+    max_connections: int = 10_000
+    """Client connections beyond this are closed at once, with a log line."""
+    frame_timeout: float = 30.0
+    """Close a client whose request frame stays incomplete this long (slowloris, a stall)."""
+    close_linger: float = 5.0
+    """After a client leaves, the proxy sends the broker everything it read and half-closes;
+    this is how long it then waits for the broker to close its side before closing anyway."""
+    idle_timeout: float = 600.0
+    """Close a connection with nothing outstanding and no bytes either way for this long
+    (Kafka brokers' connections.max.idle.ms is 10 minutes)."""
+    max_send_buffer: int = 4 * 1024 * 1024
+    """Bytes waiting to be sent to one side before the other side's reader pauses."""
+    rewrite: bool = True
+    """Rewrite broker addresses to per-broker proxy listeners and cap ApiVersions."""
+    advertised_host: str | None = None
+    """The host clients are told for every broker listener (default: the listen host)."""
+    broker_ports: BrokerPorts = field(default_factory=BrokerPorts)
+    reuse_port: bool = False
+    """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
+    tls: TlsConfig | None = None
+    """TLS with clients and/or brokers (None: plaintext both ways)."""
 
-
-def defaults_from_toml(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
-    """Argparse defaults for ``parser`` from the TOML file at ``path``, converted and checked."""
-    try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    table = data.get("proxy", data)
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    defaults: dict[str, Any] = {}
-    for key, value in table.items():
-        dest = key.replace("-", "_")
-        action = actions.get(dest)
-        if action is None or dest == "config":
-            raise ConfigError(f"{path}: unknown setting {key!r}")
-        defaults[dest] = _convert(action, value, path, key)
-    return defaults
-
-
-def _convert(action: argparse.Action, value: Any, path: Path, key: str) -> Any:
-    def one(item: Any) -> Any:
-        convert = action.type
-        if callable(convert) and isinstance(item, str):
-            try:
-                return convert(item)
-            except (ValueError, argparse.ArgumentTypeError) as exc:
-                raise ConfigError(f"{path}: {key} = {item!r}: {exc}") from exc
-        if action.choices is not None and item not in action.choices:
-            raise ConfigError(f"{path}: {key} must be one of {sorted(action.choices)}")
-        return item
-
-    if isinstance(action, argparse._AppendAction):
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: {key} must be a list")
-        return [one(item) for item in value]
-    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: {key} must be true or false")
-        return value
-    return one(value)
+    @property
+    def connection(self) -> ConnectionConfig:
+        """What each connection's core needs to know."""
+        return ConnectionConfig(
+            repair=self.repair,
+            max_frame_size=self.max_frame_size,
+            frame_timeout=self.frame_timeout,
+            close_linger=self.close_linger,
+            idle_timeout=self.idle_timeout,
+            max_send_buffer=self.max_send_buffer,
+        )

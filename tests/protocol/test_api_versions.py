@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.schemas import BaseField, load_json
 
-from protocol import ApiKey
+from protocol import ApiKey, ProtocolError, parse_request_header, request_class, response_class
 from protocol._api_versions import (
     LIBRDKAFKA_TAG_SKIP_FIXED,
     UNSUPPORTED_VERSION,
@@ -23,10 +23,7 @@ from protocol._api_versions import (
     strip_tagged_fields,
     unsupported_api_versions_response,
 )
-from protocol._errors import ProtocolError
-from protocol._headers import parse_request_header
 from protocol._rewrite import UndecodableVersionError
-from protocol._schemas import request_class, response_class
 from protocol.testing import encode_request
 from tests.support.api_versions_samples import (
     CONFLUENT_REQUEST,

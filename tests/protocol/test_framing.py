@@ -9,8 +9,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from protocol._errors import FrameSizeError, ProtocolError
-from protocol._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder, frame
+from protocol import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder, FrameSizeError, ProtocolError, frame
 
 PAYLOADS = st.lists(st.binary(max_size=300), max_size=12)
 CHUNK_TYPES = st.sampled_from([bytes, bytearray, memoryview])

@@ -19,12 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import ApiKey
-from protocol._errors import FrameSizeError, ProtocolError
-from protocol._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder
-from protocol._headers import parse_request_header
-from protocol._requests import produce_acks
-from protocol._schemas import is_flexible
+from protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    SIZE_PREFIX,
+    ApiKey,
+    FrameDecoder,
+    FrameSizeError,
+    ProtocolError,
+    is_flexible,
+    parse_request_header,
+    produce_acks,
+)
 from protocol.testing import (
     BAD_VARINTS,
     MUTATIONS,

@@ -10,9 +10,7 @@ from hypothesis import strategies as st
 from kafka.protocol.api_header import RequestHeader as KafkaRequestHeader
 from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
-from protocol import ApiKey
-from protocol._errors import ProtocolError
-from protocol._framing import frame
+from protocol import ApiKey, ProtocolError, api_schemas, frame, is_flexible, request_class, response_class
 from protocol._headers import (
     parse_request_header,
     patch_request_correlation_id,
@@ -23,7 +21,6 @@ from protocol._headers import (
     response_correlation_id,
     response_header_version,
 )
-from protocol._schemas import api_schemas, is_flexible, request_class, response_class
 from protocol.testing import encode_request, encode_response, encode_uvarint
 
 ALL_CASES = [(k, v) for k in sorted(api_schemas()) for v in range(request_class(k).max_version + 1)]

@@ -11,10 +11,16 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
-from protocol._errors import ProtocolError
-from protocol._framing import frame
-from protocol._headers import RequestHeader, parse_request_header
-from protocol._requests import expects_response, fetch_max_wait_ms, produce_acks, produce_is_idempotent
+from protocol import (
+    ProtocolError,
+    RequestHeader,
+    expects_response,
+    fetch_max_wait_ms,
+    frame,
+    parse_request_header,
+    produce_acks,
+    produce_is_idempotent,
+)
 from protocol.testing import encode_request
 from tests.support.produce_frames import TOPIC_ID, legacy_batch, produce_frame, record_batch
 

@@ -9,9 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import ApiKey
-from protocol._errors import ProtocolError
-from protocol._headers import response_header_version
+from protocol import ApiKey, ProtocolError, api_schemas, response_class, response_header_version
 from protocol._rewrite import (
     REWRITTEN_API_KEYS,
     UndecodableVersionError,
@@ -20,7 +18,6 @@ from protocol._rewrite import (
     needs_rewrite,
     rewrite_response,
 )
-from protocol._schemas import api_schemas, response_class
 from protocol.testing import encode_uvarint
 from tests.support.message_strategies import messages, tagged_section
 

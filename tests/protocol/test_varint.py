@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
-from protocol._errors import ProtocolError
+from protocol import ProtocolError
 from protocol._varint import MAX_VARINT_BYTES, read_tagged_fields, read_uvarint
 from protocol.testing import encode_uvarint
 

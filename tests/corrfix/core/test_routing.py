@@ -20,8 +20,7 @@ import pytest
 import trio
 from kafka.record import MemoryRecordsBuilder
 
-from protocol._api_versions import decodable_max_versions
-from protocol._schemas import request_class
+from protocol import decodable_max_versions, request_class
 from tests.support.client_view import SeenAddress, addresses_in
 from tests.support.cluster_harness import RawClient, Stack, assert_only_listeners, in_thread
 from tests.support.cluster_harness import start_stack as start_cluster_stack

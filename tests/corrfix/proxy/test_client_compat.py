@@ -9,9 +9,7 @@ import pytest
 
 from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.core import RepairConfig, RepairKind, RepairMachine
-from protocol import ApiKey
-from protocol._api_versions import cap_api_versions, decodable_max_versions
-from protocol._schemas import request_class, response_class
+from protocol import ApiKey, cap_api_versions, decodable_max_versions, request_class, response_class
 from protocol.testing import encode_request
 from tests.support.api_versions_samples import (
     CONFLUENT_REQUEST,

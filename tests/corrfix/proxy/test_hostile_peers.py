@@ -33,8 +33,7 @@ from corrfix._netutil import free_port
 from corrfix.core import LOOPBACK, Address, RepairConfig
 from corrfix.lab import CorrfixProcess
 from corrfix.proxy import Proxy, ProxyConfig
-from protocol import ApiKey, FrameDecoder, parse_request_header
-from protocol._framing import frame
+from protocol import ApiKey, FrameDecoder, frame, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, api_versions_answer, echo_answer, read_frames
 

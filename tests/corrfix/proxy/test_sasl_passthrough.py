@@ -24,8 +24,7 @@ import trio
 from kafka.net.sasl.scram import ScramClient
 
 from corrfix.core import PROBE_CLIENT_ID, RepairConfig
-from protocol import ApiKey
-from protocol._schemas import request_class
+from protocol import ApiKey, request_class
 from tests.support.cluster_harness import RawClient, Stack, in_thread, start_stack
 from tests.support.fake_cluster import SASL_AUTHENTICATE, RawToken, Received, SaslSettings, gssapi_reply
 

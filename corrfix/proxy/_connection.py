@@ -1,0 +1,379 @@
+"""One client connection and its broker connection: the tasks that carry out a core's decisions."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from corrfix.core import (
+    CLOSE_GRACE,
+    DISCARD_LIMIT,
+    Address,
+    Answered,
+    ClusterRouter,
+    ConnectionCore,
+    Event,
+    Forwarded,
+    Notice,
+    Repaired,
+    RepairKind,
+    RepairMachine,
+)
+from corrfix.proxy._config import ProxyConfig
+from corrfix.proxy._metrics import ProxyMetrics
+from corrfix.proxy._observer import ConnectionObserver
+from corrfix.proxy._streams import RECEIVE_SIZE, Outbox, Receiver, peer_name
+from corrfix.proxy._tls import accept_client, connect_upstream
+
+CONNECT_BACKOFF = 0.1
+"""First pause between upstream connect attempts; it doubles each time."""
+log = structlog.get_logger("corrfix.proxy")
+
+_LOUD_EVENTS = {
+    RepairKind.SKIP_DETECTED,
+    RepairKind.REQUEUE,
+    RepairKind.PROBE_FOUND_LOSS,
+    RepairKind.POSSIBLE_DUPLICATE,
+    RepairKind.GIVE_UP,
+}
+
+
+@dataclass
+class ProxyStats:
+    """Process-wide counts; the metrics endpoint and the connection summaries read them."""
+
+    connections_opened: int = 0
+    connections_active: int = 0
+    repairs: Counter[str] = field(default_factory=Counter)
+    answering_upstreams: set[Address] = field(default_factory=set)
+    """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
+
+
+class ProxyConnection:
+    """One client connection and its upstream connection, driven by a :class:`ConnectionCore`.
+
+    The tasks move bytes and wait for time; every decision (what to send, when to stop
+    reading, when to end each stream, when to close) is the core's.
+    """
+
+    def __init__(
+        self,
+        client: trio.SocketStream,
+        config: ProxyConfig,
+        stats: ProxyStats,
+        conn_id: str,
+        observer: ConnectionObserver | None = None,
+        *,
+        upstream: Address | None = None,
+        router: ClusterRouter | None = None,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
+        self._socket = client
+        self.client: trio.abc.Stream = client  # the TLS stream over it, once accepted
+        self.upstream = upstream or config.upstream
+        self.conn_id = conn_id
+        self.observer = observer
+        self.config = config
+        self.stats = stats
+        self.metrics = metrics
+        self.machine = RepairMachine(
+            config.repair,
+            transform=router.transform if router else None,
+            local_answer=router.local_answer if router else None,
+        )
+        self.core: ConnectionCore | None = None  # once both sides are connected
+        self.to_client = Outbox()
+        self.to_upstream = Outbox()
+        self.repairs: Counter[str] = Counter()
+        self._state_changed = trio.lowlevel.ParkingLot()
+        self._timer_scope = trio.CancelScope()
+        self._relay_scope = trio.CancelScope()  # the connection's tasks: cancelled to close it
+        self._client_reader_scope = trio.CancelScope()
+        self._upstream_reader_scope = trio.CancelScope()
+        self._client_reader_done = trio.Event()
+        self._drain_requested = False
+        self._upstream_marked = False  # recorded in stats.answering_upstreams
+        peer = peer_name(client)
+        self.log = log.bind(connection=conn_id, client=peer)
+        self._client_peer = peer
+
+    async def run(self) -> None:
+        # The client's TLS handshake comes first: a client that fails it costs no upstream connection.
+        client = await accept_client(self._socket, self.config.tls, self.config.connect_timeout, self.log)
+        if client is None:
+            await trio.aclose_forcefully(self._socket)
+            return
+        self.client = client
+        upstream = await self._connect_upstream()
+        if upstream is None:
+            await self.client.aclose()
+            return
+        self.log.info("connection opened", upstream=str(self.upstream))
+        if self.observer is not None:
+            self.observer.connection_opened(self.conn_id, self._client_peer, peer_name(upstream))
+        self.core = ConnectionCore(
+            self.config.connection,
+            self.machine,
+            trio.current_time(),
+            client_peer=self._client_peer,
+            upstream_peer=str(self.upstream),
+            client_tls=isinstance(self.client, trio.SSLStream),
+            upstream_tls=isinstance(upstream, trio.SSLStream),
+            upstream_known_plaintext=lambda: self.upstream in self.stats.answering_upstreams,
+            record_frames=None if self.observer is None else self.observer.snaplen,
+        )
+        self.to_client.attach(self.client)
+        self.to_upstream.attach(upstream)
+        try:
+            with self._relay_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_client)
+                    nursery.start_soon(self._read_upstream, upstream)
+                    nursery.start_soon(self._write_upstream, upstream)
+                    nursery.start_soon(self._write_client)
+                    nursery.start_soon(self._run_timer)
+                    if self._drain_requested:
+                        self.drain()
+        finally:
+            # Also when the proxy itself is stopping and this connection is cancelled.
+            self.to_client.detach()
+            self.to_upstream.detach()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(upstream)
+                await trio.aclose_forcefully(self.client)
+            reason = self.core.closed().reason
+            if self.observer is not None:
+                self.observer.connection_closed(self.conn_id, reason)
+            outstanding = self.machine.outstanding
+            self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
+
+    async def _connect_upstream(self) -> trio.abc.Stream | None:
+        target = self.upstream
+        attempts = self.config.connect_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                with trio.fail_after(self.config.connect_timeout):
+                    stream = await trio.open_tcp_stream(target.host, target.port)
+                # A failed TLS handshake is logged and not retried: it would fail the same way.
+                return await connect_upstream(
+                    stream, self.config.tls, target.host, self.config.connect_timeout, self.log
+                )
+            except (OSError, trio.TooSlowError) as exc:
+                error = str(exc) or "timeout"
+                if attempt == attempts:
+                    self.log.error(
+                        "upstream unreachable, closing client",
+                        upstream=str(target),
+                        attempts=attempts,
+                        error=error,
+                    )
+                    return None
+                self.log.info("upstream connect failed, retrying", upstream=str(target), error=error)
+                await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
+        return None
+
+    # -- the tasks: a reader and a writer per side, and the core's timer ----------------
+
+    async def _read_client(self) -> None:
+        core = self.core
+        assert core is not None
+        receiver = Receiver(self.client)
+        metrics = self.metrics
+        try:
+            with self._client_reader_scope:
+                while not core.stop_client:
+                    if not core.client_read_allowed(self.to_upstream.pending):
+                        core.pause_client()
+                        while not self.machine.accepting_requests:
+                            if self.machine.closed is not None:
+                                return
+                            await self._state_changed.park()
+                        await self.to_upstream.wait_below(self.config.max_send_buffer)
+                        core.resume_client(trio.current_time())
+                    data = await receiver.receive()
+                    if data and metrics is not None:
+                        metrics.client_request_bytes.inc(len(data))
+                    core.receive_client(data, trio.current_time())
+                    self._sync()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            core.client_lost(f"client connection lost: {exc or type(exc).__name__}", trio.current_time())
+            self._sync()
+        finally:
+            self._client_reader_done.set()
+
+    async def _read_upstream(self, upstream: trio.abc.Stream) -> None:
+        core = self.core
+        assert core is not None
+        receiver = Receiver(upstream)
+        metrics = self.metrics
+        limit = self.config.max_send_buffer
+        with self._upstream_reader_scope:
+            try:
+                while not core.stop_upstream:
+                    if not core.upstream_read_allowed(self.to_client.pending):
+                        await self.to_client.wait_below(limit)
+                    data = await receiver.receive()
+                    if data and metrics is not None:
+                        metrics.upstream_response_bytes.inc(len(data))
+                    core.receive_upstream(data, trio.current_time())
+                    self._sync()
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                core.upstream_lost(str(exc) or type(exc).__name__, trio.current_time())
+                self._sync()
+
+    async def _write_upstream(self, upstream: trio.abc.Stream) -> None:
+        core = self.core
+        assert core is not None
+        try:
+            await self.to_upstream.run(upstream)
+            if not isinstance(upstream, trio.SSLStream):
+                # The broker sees its end of stream after the last request, takes every request
+                # before it, and closes its side: the core then ends the connection.
+                assert isinstance(upstream, trio.abc.HalfCloseableStream)
+                await upstream.send_eof()
+            core.upstream_flushed(trio.current_time())
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            core.abort(f"upstream connection lost while sending: {exc or type(exc).__name__}")
+        self._sync()
+
+    async def _write_client(self) -> None:
+        core = self.core
+        assert core is not None
+        client = self.client
+        try:
+            await self.to_client.run(client)
+            if core.discard_client_input and isinstance(client, trio.SocketStream):
+                await self._client_reader_done.wait()
+                await self._discard_client_input(client)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            core.client_lost(
+                f"client connection lost while sending: {exc or type(exc).__name__}", trio.current_time()
+            )
+            self._sync()
+            return
+        # Everything owed to the client was sent: the connection is done.
+        self._relay_scope.cancel()
+
+    async def _discard_client_input(self, client: trio.SocketStream) -> None:
+        """End the client's stream and read until it ends its own, bounded in time and bytes.
+
+        The end of stream waits CLOSE_GRACE after the last answers. Closing a socket that
+        holds unread bytes makes the kernel send a RST, and a RST can destroy answers the
+        client has not read yet.
+        """
+        await trio.sleep(CLOSE_GRACE)
+        await client.send_eof()
+        discarded = 0
+        with trio.move_on_after(self.config.close_linger):
+            while discarded <= DISCARD_LIMIT:
+                data = await client.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return
+                discarded += len(data)
+        self.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+
+    async def _run_timer(self) -> None:
+        core = self.core
+        assert core is not None
+        while True:
+            with self._timer_scope:
+                self._timer_scope.deadline = core.next_deadline()
+                await trio.sleep_forever()
+            self._timer_scope = trio.CancelScope()
+            core.tick(trio.current_time())
+            self._sync()
+
+    # -- carrying out what the core decided ----------------------------------------------
+
+    def _sync(self) -> None:
+        core = self.core
+        assert core is not None
+        if core.has_output:
+            to_upstream = core.take_upstream()
+            to_client = core.take_client()
+            events = core.take_events()
+            if self.observer is not None and events:
+                self.observer.events(self.conn_id, events)
+            if self.metrics is not None:
+                self._count_sent(to_upstream, to_client)
+            if to_upstream:
+                self.to_upstream.write(to_upstream)
+            if to_client:
+                self.to_client.write(to_client)
+            for event in events:
+                self._consume(event)
+        if not self._upstream_marked and core.upstream_spoke:
+            self._upstream_marked = True
+            self.stats.answering_upstreams.add(self.upstream)
+        if core.stop_client:
+            self._client_reader_scope.cancel()
+        if core.abandon_client:
+            self.to_client.abandon()
+        if core.end_upstream:
+            self.to_upstream.finish()
+        if core.stop_upstream:
+            self._upstream_reader_scope.cancel()
+        if core.end_client:
+            self.to_client.finish()
+        if core.aborted:
+            self._relay_scope.cancel()
+        deadline = core.next_deadline()
+        if deadline != self._timer_scope.deadline:  # re-arming a trio deadline is not free
+            self._timer_scope.deadline = deadline
+        if self._state_changed:
+            self._state_changed.unpark_all()
+
+    def _count_sent(self, to_upstream: list[bytearray], to_client: list[bytearray]) -> None:
+        assert self.metrics is not None
+        if to_upstream:
+            self.metrics.upstream_request_bytes.inc(sum(len(frame) for frame in to_upstream))
+        if to_client:
+            self.metrics.client_response_bytes.inc(sum(len(frame) for frame in to_client))
+
+    def _consume(self, event: Event) -> None:
+        """Metrics and logs from the core's events."""
+        metrics = self.metrics
+        if isinstance(event, Forwarded):
+            if metrics is not None:
+                metrics.request(event.api_key)
+        elif isinstance(event, Answered):
+            if metrics is not None:
+                metrics.answer(event.api_key, event.seconds)
+        elif isinstance(event, Repaired):
+            self._record(event)
+        elif isinstance(event, Notice):
+            if event.level == "warning":
+                self.log.warning(event.message, **dict(event.details))
+            else:
+                self.log.info(event.message, **dict(event.details))
+
+    def _record(self, event: Repaired) -> None:
+        kind = event.kind.value
+        self.repairs[kind] += 1
+        self.stats.repairs[kind] += 1
+        if self.metrics is not None:
+            self.metrics.repairs.labels(kind).inc()
+        fields = {
+            "api": event.api,
+            "client_correlation_id": event.client_correlation_id,
+            "upstream_correlation_id": event.upstream_correlation_id,
+            "new_upstream_correlation_id": event.new_upstream_correlation_id,
+            "attempt": event.attempt,
+            "reason": event.reason or None,
+        }
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if event.kind in _LOUD_EVENTS:
+            self.log.warning(f"repair.{kind}", **fields)
+        else:
+            self.log.debug(f"repair.{kind}", **fields)
+
+    def drain(self) -> None:
+        """Stop reading requests; close once every outstanding request is answered."""
+        self._drain_requested = True
+        if self.core is None:
+            return  # still connecting: run() drains as soon as it starts
+        self.core.drain(trio.current_time())
+        self._sync()
