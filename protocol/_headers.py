@@ -9,7 +9,8 @@ versions, which come from :mod:`protocol.schemas`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from typing import NamedTuple
 
 from protocol._api_key import ApiKey
 from protocol._errors import ProtocolError
@@ -23,15 +24,16 @@ _CONTROLLED_SHUTDOWN, _API_VERSIONS = ApiKey.CONTROLLED_SHUTDOWN, ApiKey.API_VER
 REQUEST_CORRELATION_OFFSET = SIZE_PREFIX + 4
 RESPONSE_CORRELATION_OFFSET = SIZE_PREFIX
 MIN_REQUEST_FRAME = SIZE_PREFIX + 8
+_REQUEST_HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
 MIN_RESPONSE_FRAME = SIZE_PREFIX + 4
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):
     """The parsed request header; ``body_offset`` is where the body starts in the frame.
 
     ``body_offset`` is None for an API whose schema is unknown and whose header may carry
-    tagged fields: its body cannot be located, but it can still be relayed.
+    tagged fields: its body cannot be located, but it can still be relayed. A named tuple,
+    not a frozen dataclass: one is made per request, and a tuple costs a third as much.
     """
 
     api_key: int
@@ -64,9 +66,7 @@ def parse_request_header(frame: BytesLike) -> RequestHeader:
     end = len(frame)
     if end < MIN_REQUEST_FRAME:
         raise ProtocolError(f"request frame of {end - SIZE_PREFIX} bytes is shorter than a header")
-    api_key = int.from_bytes(frame[4:6], "big", signed=True)
-    api_version = int.from_bytes(frame[6:8], "big", signed=True)
-    correlation_id = int.from_bytes(frame[8:12], "big", signed=True)
+    api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(frame, SIZE_PREFIX)
     if api_key < 0 or api_version < 0:
         raise ProtocolError(f"request header has api key {api_key} and version {api_version}")
     version = request_header_version(api_key, api_version)

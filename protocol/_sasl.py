@@ -33,17 +33,14 @@ class SaslV0Tokens:
     by this one rule.
     """
 
-    __slots__ = ("_mechanism", "_owed", "_rounds")
+    __slots__ = ("_mechanism", "_owed", "_rounds", "active")
 
     def __init__(self) -> None:
         self._mechanism: str | None = None  # of a handshake not yet answered ("" if unreadable)
         self._rounds: int | None = 0  # token round trips left; None: until the connection ends
         self._owed = 0  # tokens sent, not answered yet
-
-    @property
-    def active(self) -> bool:
-        """True while client frames are tokens."""
-        return self._rounds is None or self._rounds > 0
+        self.active = False
+        """True while client frames are tokens (an attribute: relays read it per frame)."""
 
     def handshake_sent(self, frame: BytesLike) -> None:
         try:
@@ -57,6 +54,7 @@ class SaslV0Tokens:
         if mechanism is None or len(answer) < 10 or int.from_bytes(answer[8:10], "big", signed=True) != 0:
             return
         self._rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
+        self.active = self._rounds is None or self._rounds > 0
 
     def request_is_token(self) -> bool:
         if self.active:
@@ -69,5 +67,6 @@ class SaslV0Tokens:
             self._owed = max(self._owed - 1, 0)
             if self._rounds is not None:
                 self._rounds -= 1
+                self.active = self._rounds > 0
             return True
         return False

@@ -54,7 +54,7 @@ class CaptureStats:
 
 
 class CaptureWriter:
-    """A :class:`~corrfix.observer.ConnectionObserver` that writes an Arrow capture directory.
+    """A :class:`~corrfix.proxy.ConnectionObserver` that writes an Arrow capture directory.
 
     ``start()`` the writer thread before traffic flows and ``close()`` it after the proxy
     stops (or use it as a context manager); ``close()`` writes everything still queued.

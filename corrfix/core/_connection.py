@@ -89,7 +89,9 @@ class ConnectionCore:
         self._to_client: list[bytearray] = []
         self._events: list[Event] = []
         self.close_reason: str | None = None
-        # What the shell must carry out; each only ever turns on.
+        # What the shell must carry out; each only ever turns on, and ``decided`` counts the
+        # changes, so a shell need not read them all after every call.
+        self.decided = 0
         self.stop_client = False
         """Read no more from the client."""
         self.abandon_client = False
@@ -114,10 +116,25 @@ class ConnectionCore:
         self._busy_until = 0.0  # a long request (a Fetch long-poll) is not idleness
         self._partial_since: float | None = None
         self._watching = True  # the idle and frame deadlines apply until the connection closes
+        # When to check them next. It moves only when a check finds nothing due, or when a
+        # request frame starts to stall, not on every receive: re-arming a timer is not free.
+        self._watch_at = now + config.idle_timeout
         self._upstream_deadline = math.inf
         self._flush_deadline = math.inf
 
     # -- what the shell takes after each call ------------------------------------------
+
+    def take(self) -> tuple[list[bytearray], list[bytearray], list[Event]]:
+        """Frames for the broker, frames for the client, and events, each in order; send or
+        copy the frames before the next call. One call, for the shell's hot path."""
+        out = self._to_upstream, self._to_client, self._events
+        if out[0]:
+            self._to_upstream = []
+        if out[1]:
+            self._to_client = []
+        if out[2]:
+            self._events = []
+        return out
 
     def take_upstream(self) -> list[bytearray]:
         """Frames to send to the broker, in order; send or copy them before the next call."""
@@ -139,16 +156,13 @@ class ConnectionCore:
     def next_deadline(self) -> float:
         """When :meth:`tick` next has something to do (``math.inf``: nothing pending)."""
         due = self._flush_deadline
-        if not self.stop_upstream:
-            due = min(due, self._upstream_deadline)
+        if not self.stop_upstream and self._upstream_deadline < due:
+            due = self._upstream_deadline
         machine_due = self.machine.next_deadline()
-        if machine_due is not None:
-            due = min(due, machine_due)
-        if self._watching:
-            idle_at = max(self._last_activity + self.config.idle_timeout, self._busy_until)
-            due = min(due, idle_at)
-            if self._partial_since is not None:
-                due = min(due, self._partial_since + self.config.frame_timeout)
+        if machine_due is not None and machine_due < due:
+            due = machine_due
+        if self._watching and self._watch_at < due:
+            due = self._watch_at
         return due
 
     def client_read_allowed(self, upstream_backlog: int) -> bool:
@@ -185,8 +199,10 @@ class ConnectionCore:
             self._partial_since = None
         elif self._partial_since is None or frames:
             self._partial_since = now  # a frame began in this chunk
+            self._watch_at = min(self._watch_at, now + self.config.frame_timeout)
         if frames:
-            self._client_spoke = True  # a size error now is no ClientHello
+            if not self._client_spoke:
+                self._client_spoke = True  # a size error now is no ClientHello
             if self._record is not None:
                 self._events.append(_received("client", frames, self._record))
             try:
@@ -205,6 +221,7 @@ class ConnectionCore:
     def resume_client(self, now: float) -> None:
         if self._paused_mid_frame:
             self._partial_since = now
+            self._watch_at = min(self._watch_at, now + self.config.frame_timeout)
         self._paused_mid_frame = False
 
     def _on_client_eof(self) -> None:
@@ -212,6 +229,7 @@ class ConnectionCore:
             self._note("client closed mid-frame", "warning", buffered=self._client_decoder.buffered)
         self.client_eof = True
         self.stop_client = True
+        self.decided += 1
         if self.machine.outstanding == 0:
             self._close_upstream("client closed")
 
@@ -228,6 +246,7 @@ class ConnectionCore:
             self._note("closing connection", "warning", reason=reason)
         self.stop_client = True
         self.abandon_client = True
+        self.decided += 1
         self._to_client.clear()
         self._close_upstream(reason)
 
@@ -241,13 +260,16 @@ class ConnectionCore:
                 self._note("upstream closed mid-frame", "warning", buffered=self._upstream_decoder.buffered)
             self._hint_silent_upstream()
             self.stop_upstream = True
+            self.decided += 1
             self._apply(self.machine.upstream_closed())
             return
         try:
             frames = self._upstream_decoder.feed(data)
             if not frames:
                 return
-            self.upstream_spoke = True
+            if not self.upstream_spoke:
+                self.upstream_spoke = True
+                self.decided += 1  # news for the shell: plaintext works with this broker
             if self._record is not None:
                 self._events.append(_received("upstream", frames, self._record))
             actions = self.machine.upstream_frames(frames, now)
@@ -263,6 +285,7 @@ class ConnectionCore:
         self._now = now
         self._hint_silent_upstream()
         self.stop_upstream = True
+        self.decided += 1
         self._apply(self.machine.upstream_closed())
         self._note("upstream connection lost", error=error)
 
@@ -303,9 +326,10 @@ class ConnectionCore:
             else:
                 self._note("broker did not take every request before the request deadline", "warning")
             self.stop_upstream = True
+            self.decided += 1
             self._apply(self.machine.upstream_closed())
             self.finish("broker did not close", now)
-        if self._watching:
+        if self._watching and now >= self._watch_at:
             self._watch(now)
         self._apply(self.machine.tick(now))
 
@@ -322,14 +346,18 @@ class ConnectionCore:
             if self.machine.outstanding == 0:
                 self._watching = False
                 self.finish(f"idle for {idle:g}s", now)
-            else:
-                self._busy_until = now + idle
+                return
+            self._busy_until = now + idle
+        self._watch_at = max(self._last_activity + idle, self._busy_until)
+        if self._partial_since is not None:
+            self._watch_at = min(self._watch_at, self._partial_since + frame_timeout)
 
     def drain(self, now: float) -> None:
         """Stop reading requests; close once every outstanding request is answered."""
         self._now = now
         self.draining = True
         self.stop_client = True
+        self.decided += 1
         if self.machine.outstanding == 0:
             self._close_upstream("proxy draining")
 
@@ -339,10 +367,13 @@ class ConnectionCore:
         if self.close_reason is None:
             self.close_reason = reason
         self.stop_client = True
+        self.decided += 1
         if self.client_gone:
             self.aborted = True
+            self.decided += 1
             return
         self.end_client = True
+        self.decided += 1
         self._flush_deadline = min(self._flush_deadline, now + FLUSH_TIMEOUT)
 
     def abort(self, reason: str, *, warning: bool = False) -> None:
@@ -352,6 +383,7 @@ class ConnectionCore:
         if warning:
             self._note("closing connection", "warning", reason=reason)
         self.aborted = True
+        self.decided += 1
 
     def closed(self) -> Closed:
         """The connection's last event, for the shell to report once its sockets are closed."""
@@ -372,7 +404,7 @@ class ConnectionCore:
             self._events += actions.events
         if actions.close is not None:
             self.finish(actions.close, self._now)
-        elif self.machine.outstanding == 0 and (self.client_eof or self.draining):
+        elif (self.client_eof or self.draining) and self.machine.outstanding == 0:
             self._close_upstream("client closed" if self.client_eof else "proxy draining")
 
     def _close_upstream(self, reason: str) -> None:
@@ -387,6 +419,7 @@ class ConnectionCore:
         if self.end_upstream:
             return
         self.end_upstream = True
+        self.decided += 1
         if self.close_reason is None:
             self.close_reason = reason
         self._upstream_deadline = self._now + self.config.repair.request_deadline

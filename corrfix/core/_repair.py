@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
@@ -102,18 +102,21 @@ class RepairConfig:
     """Rewrite answers that a client is known to misread (docs/repair.md, client compatibility)."""
 
 
-@dataclass(slots=True)
 class Actions:
     """What the shell must do after one call, in this order: send, deliver, then close.
 
     Frames are handed over by reference and may be patched by a later call into the
-    machine, so the shell must copy (or send) them before calling again.
+    machine, so the shell must copy (or send) them before calling again. A plain slotted
+    class: one is made per call, and a dataclass with list factories costs twice as much.
     """
 
-    to_upstream: list[bytearray] = field(default_factory=list)
-    to_client: list[bytearray] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    close: str | None = None
+    __slots__ = ("close", "events", "to_client", "to_upstream")
+
+    def __init__(self) -> None:
+        self.to_upstream: list[bytearray] = []
+        self.to_client: list[bytearray] = []
+        self.events: list[Event] = []
+        self.close: str | None = None
 
     @property
     def repairs(self) -> list[Repaired]:
@@ -174,8 +177,12 @@ class RepairMachine:
         *,
         transform: ResponseTransform | None = None,
         local_answer: LocalAnswer | None = None,
+        flow_events: bool = True,
     ) -> None:
         self.config = config or RepairConfig()
+        # Forwarded and Answered events, one per request: only when something consumes them
+        # (metrics, capture), as they cost an object each on the hot path.
+        self._flow_events = flow_events
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
@@ -232,7 +239,8 @@ class RepairMachine:
         due = self._probe_due()
         if self._client_order:
             give_up = self._client_order[0].first_sent + self.config.request_deadline
-            due = give_up if due is None else min(due, give_up)
+            if due is None or give_up < due:
+                due = give_up
         return due
 
     # -- events ------------------------------------------------------------------------
@@ -270,9 +278,10 @@ class RepairMachine:
                 self._sent[upstream_id] = request
                 self._send_order.append(request)
                 self._client_order.append(request)
-            actions.events.append(
-                Forwarded(header.correlation_id, upstream_id, header.api_key, header.api_version)
-            )
+            if self._flow_events:
+                actions.events.append(
+                    Forwarded(header.correlation_id, upstream_id, header.api_key, header.api_version)
+                )
             actions.to_upstream.append(frame)
         self._deliver_ready(actions)
         return actions
@@ -441,9 +450,10 @@ class RepairMachine:
             return
         if entry.attempts == 1:
             self._timer.observe(entry.api_key, max(now - entry.sent_at - self._hold(entry), 0.0))
-        actions.events.append(
-            Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
-        )
+        if self._flow_events:
+            actions.events.append(
+                Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
+            )
         if self._transform is not None:
             rewritten = self._transform(entry.api_key, entry.api_version, frame)
             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
@@ -556,8 +566,10 @@ class RepairMachine:
 
     def _probe_due(self) -> float | None:
         order = self._send_order
-        if self.phase is not Phase.RELAYING:
-            return None  # a probe now could land before or inside a SASL exchange
+        # Only while RELAYING (self.phase, spelt out: this runs on every receive). A probe
+        # now could land before or inside a SASL exchange.
+        if self._preamble or self._sasl_pending or self._sasl_v0.active or self.closed is not None:
+            return None
         if not self._client_order:
             return None  # nothing owed to the client: a probe could only find a probe's answer lost
         if not order or self._probes_outstanding >= self.config.max_probes_outstanding:

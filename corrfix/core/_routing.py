@@ -117,7 +117,7 @@ class ClusterRouter:
         return listener
 
     def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
-        """A :data:`~corrfix.repair.ResponseTransform` for the repair machine."""
+        """A :data:`~corrfix.core._repair.ResponseTransform` for the repair machine."""
         if api_key == _API_VERSIONS:
             return cap_api_versions(frame, api_version, self.caps)
         if needs_rewrite(api_key, api_version):
@@ -125,7 +125,7 @@ class ClusterRouter:
         return frame
 
     def local_answer(self, header: RequestHeader) -> bytes | None:
-        """A :data:`~corrfix.repair.LocalAnswer`: refuse ApiVersions versions the proxy
+        """A :data:`~corrfix.core._repair.LocalAnswer`: refuse ApiVersions versions the proxy
         cannot decode, the way a broker does, so the client retries lower."""
         if header.api_key == _API_VERSIONS and header.api_version > self.caps[_API_VERSIONS]:
             return unsupported_api_versions_response(header.correlation_id)

@@ -83,6 +83,7 @@ class ProxyConnection:
             config.repair,
             transform=router.transform if router else None,
             local_answer=router.local_answer if router else None,
+            flow_events=metrics is not None or observer is not None,
         )
         self.core: ConnectionCore | None = None  # once both sides are connected
         self.to_client = Outbox()
@@ -96,6 +97,7 @@ class ProxyConnection:
         self._client_reader_done = trio.Event()
         self._drain_requested = False
         self._upstream_marked = False  # recorded in stats.answering_upstreams
+        self._decided = 0  # the core's decisions carried out so far
         peer = peer_name(client)
         self.log = log.bind(connection=conn_id, client=peer)
         self._client_peer = peer
@@ -291,20 +293,31 @@ class ProxyConnection:
     def _sync(self) -> None:
         core = self.core
         assert core is not None
-        if core.has_output:
-            to_upstream = core.take_upstream()
-            to_client = core.take_client()
-            events = core.take_events()
-            if self.observer is not None and events:
-                self.observer.events(self.conn_id, events)
-            if self.metrics is not None:
-                self._count_sent(to_upstream, to_client)
+        to_upstream, to_client, events = core.take()
+        if to_upstream or to_client or events:
             if to_upstream:
+                if self.metrics is not None:
+                    self.metrics.upstream_request_bytes.inc(sum(len(frame) for frame in to_upstream))
                 self.to_upstream.write(to_upstream)
             if to_client:
+                if self.metrics is not None:
+                    self.metrics.client_response_bytes.inc(sum(len(frame) for frame in to_client))
                 self.to_client.write(to_client)
-            for event in events:
-                self._consume(event)
+            if events:
+                if self.observer is not None:
+                    self.observer.events(self.conn_id, events)
+                for event in events:
+                    self._consume(event)
+        if core.decided != self._decided:
+            self._decided = core.decided
+            self._carry_out_decisions(core)
+        deadline = core.next_deadline()
+        if deadline != self._timer_scope.deadline:  # re-arming a trio deadline is not free
+            self._timer_scope.deadline = deadline
+        if self._state_changed:
+            self._state_changed.unpark_all()
+
+    def _carry_out_decisions(self, core: ConnectionCore) -> None:
         if not self._upstream_marked and core.upstream_spoke:
             self._upstream_marked = True
             self.stats.answering_upstreams.add(self.upstream)
@@ -320,18 +333,6 @@ class ProxyConnection:
             self.to_client.finish()
         if core.aborted:
             self._relay_scope.cancel()
-        deadline = core.next_deadline()
-        if deadline != self._timer_scope.deadline:  # re-arming a trio deadline is not free
-            self._timer_scope.deadline = deadline
-        if self._state_changed:
-            self._state_changed.unpark_all()
-
-    def _count_sent(self, to_upstream: list[bytearray], to_client: list[bytearray]) -> None:
-        assert self.metrics is not None
-        if to_upstream:
-            self.metrics.upstream_request_bytes.inc(sum(len(frame) for frame in to_upstream))
-        if to_client:
-            self.metrics.client_response_bytes.inc(sum(len(frame) for frame in to_client))
 
     def _consume(self, event: Event) -> None:
         """Metrics and logs from the core's events."""

@@ -1,9 +1,9 @@
 """Prometheus metrics for the proxy, served over HTTP by prometheus-client.
 
-The repair machine reports requests and answered latencies through the small
-:class:`~corrfix.repair.MachineMetrics` protocol, so it stays free of prometheus; the shell counts
-connections, bytes and repair events. Label children are cached per api key, keeping
-the per-frame cost to a dictionary lookup and an increment.
+The connection core's events say what happened (``Forwarded``, ``Answered``, ``Repaired``);
+the shell counts them here, with connections and bytes, so the core stays free of
+prometheus. Label children are cached per api key, keeping the per-frame cost to a
+dictionary lookup and an increment.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def decode_answer(frame: bytes | bytearray, api_key: int, api_version: int) -> A
 
 @dataclass
 class ClientView:
-    """A :class:`corrfix.observer.ConnectionObserver` recording what clients saw."""
+    """A :class:`corrfix.proxy.ConnectionObserver` recording what clients saw."""
 
     upstreams: dict[str, str] = field(default_factory=dict)
     """Connection id -> the upstream address the proxy connected it to."""

@@ -1,6 +1,6 @@
 """corrfix in front of a :class:`~tests.fake_cluster.FakeCluster`, run in-process with trio.
 
-:func:`start_stack` starts the brokers and a :class:`~corrfix.relay.Proxy` (rewriting on,
+:func:`start_stack` starts the brokers and a :class:`~corrfix.proxy.Proxy` (rewriting on,
 broker 1 as its only upstream) with a :class:`~tests.client_view.ClientView` observer.
 :class:`Stack` then proves that clients stayed on the proxy, by counting at both ends.
 :class:`RawClient` speaks the protocol on a bare socket, SASL v0 raw tokens included.

@@ -1,7 +1,7 @@
 """``corrfix capture import-pcap``: a tcpdump capture taken without corrfix, as a corrfix capture.
 
 Each TCP connection to a Kafka port becomes one ``connection_id``. Both directions are
-reassembled (:mod:`.tcp_stream`), split into frames (:mod:`.wire_frames`), and responses
+reassembled (:mod:`._tcp_stream`), split into frames (:mod:`._wire_frames`), and responses
 are matched to requests by correlation id. On the wire there is only the client's id
 space, so it goes into ``client_correlation_id`` and ``upstream_correlation_id`` stays
 null. Every frame row has ``side="client"``: the wire between a client and its broker;

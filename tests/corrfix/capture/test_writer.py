@@ -64,9 +64,10 @@ def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):
     assert ids(upstream_requests, uc, cc) == [
         (0, 100), (1, 101), (2, 102), (3, 100), (4, 103), (5, 104), (6, None), (7, 104)
     ]  # fmt: skip
-    assert [r["api_key"] for r in upstream_requests] == [3, 3, 3, 3, 0, 3, 18, 3]
+    M, P, V = ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.API_VERSIONS
+    assert [r["api_key"] for r in upstream_requests] == [M, M, M, M, P, M, V, M]
     assert ids(upstream_responses, uc, cc) == [(1, 101), (2, 102), (3, 100), (4, 103), (6, None), (7, 104)]
-    assert [r["api_key"] for r in upstream_responses] == [3, 3, 3, 0, 18, 3]
+    assert [r["api_key"] for r in upstream_responses] == [M, M, M, P, V, M]
     assert ids(client_responses, cc, uc) == [(100, 3), (101, 1), (102, 2), (104, 7)]
     assert all(r["api_version"] is not None for r in client_requests + upstream_requests + client_responses)
 
@@ -85,7 +86,7 @@ def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):
         (100, 0, 3, 2),
         (104, 5, 7, 2),
     ]
-    assert requeues[0]["api_key"] == 3 and requeues[0]["api_version"] == 0
+    assert requeues[0]["api_key"] == ApiKey.METADATA and requeues[0]["api_version"] == 0
     stale = next(r for r in repairs if r["event"] == "stale_drop")
     assert (stale["api_key"], stale[uc], stale["reason"]) == (0, 4, "reply to acks=0 Produce")
 
@@ -118,7 +119,7 @@ def test_snaplen_cuts_frames_and_zero_keeps_only_kafka_headers(tmp_path):
             assert frames[0]["frame"] == request[:header_end]  # header v2: client id and tagged fields
             assert len(frames[2]["frame"]) == 9  # response header v1: correlation id and tagged fields
         assert (
-            frames[0]["api_key"] == 3
+            frames[0]["api_key"] == ApiKey.METADATA
             and frames[0]["api_version"] == 9
             and frames[0]["client_correlation_id"] == 7
         )
@@ -257,7 +258,7 @@ def test_command_line_options():
 
 def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
     def local_answer(header):
-        if header.api_key == 18 and header.api_version > 3:
+        if header.api_key == ApiKey.API_VERSIONS and header.api_version > 3:
             return bytes(response_frame(header.correlation_id, 99))
         return None
 
@@ -278,7 +279,8 @@ def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
     assert ids(frames_where(rows, "client", "request"), cc, uc) == [(1, None), (2, 0)]
     assert ids(frames_where(rows, "upstream", "request"), uc, cc) == [(0, 2)]
     client_responses = frames_where(rows, "client", "response")
-    assert [(r[cc], r[uc], r["api_key"]) for r in client_responses] == [(1, None, 18), (2, 0, 3)]
+    seen = [(r[cc], r[uc], r["api_key"]) for r in client_responses]
+    assert seen == [(1, None, ApiKey.API_VERSIONS), (2, 0, ApiKey.METADATA)]
     upstream_response = frames_where(rows, "upstream", "response")[0]
     assert client_responses[1]["frame"].endswith(b"rewritten")
     assert not upstream_response["frame"].endswith(b"rewritten")  # what the broker sent, before rewriting

@@ -107,6 +107,8 @@ def test_a_stalled_request_frame_closes_the_client_but_backpressure_does_not_age
     core.receive_client(frame[:5], 1.0)
     assert core.next_deadline() == 1.0 + CONFIG.frame_timeout
     core.pause_client()
+    core.tick(1.0 + CONFIG.frame_timeout)
+    assert not core.client_gone
     assert core.next_deadline() == 1.0 + CONFIG.idle_timeout
     core.tick(50.0)
     assert not core.client_gone
