@@ -11,7 +11,7 @@ from __future__ import annotations
 from kafka.protocol.producer import ProduceRequest
 
 from protocol import SIZE_PREFIX, ApiKey, parse_request_header, produce_acks
-from protocol.encoding import encode_request
+from protocol.testing import encode_request
 
 PRODUCE_VERSION = 7
 CORRELATION_OFFSET = SIZE_PREFIX + 4

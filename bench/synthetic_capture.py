@@ -17,9 +17,9 @@ from frames import produce_request
 from kafka.protocol.producer import ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
-from corrfix.capture.writer import CaptureWriter
-from corrfix.observer import Direction, Side
-from protocol.encoding import encode_response
+from corrfix.capture import CaptureWriter
+from corrfix.capture.format import Direction, Side
+from protocol.testing import encode_response
 
 OFFSET_SENTINEL = 0x0123456789ABCDEF
 BATCH = 16

@@ -14,8 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc
 
-from corrfix.capture.reader import CaptureFormatError
-from corrfix.capture.schema import SCHEMA_VERSION, VERSION_KEY
+from corrfix.capture.format import SCHEMA_VERSION, VERSION_KEY, CaptureFormatError
 
 
 def _is_in(batch: pa.RecordBatch, column: str, values: frozenset) -> pa.Array:

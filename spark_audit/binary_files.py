@@ -13,10 +13,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from corrfix.capture.schema import FILE_SUFFIX
-
-from .arrow_io import FrameTrim, RowFilter, shape, stream_batches
-from .schema import arrow_schema
+from corrfix.capture.format import FILE_SUFFIX
+from spark_audit.arrow_io import FrameTrim, RowFilter, shape, stream_batches
+from spark_audit.schema import arrow_schema
 
 
 def read_binary_files(

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import CHECKS, SEVERITIES
+from spark_audit import CHECKS, SEVERITIES
 
 INSTALL_HINT = "pip install 'corrfix[audit]' (pyspark and pandas<3; Spark needs Java 17 or later)"
 
@@ -98,10 +98,10 @@ def register_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 def run(args: argparse.Namespace) -> int:
     """Run the audit described by parsed arguments; the exit status."""
     try:
-        from .job import AuditOptions, run_audit
-        from .progress import Progress
-        from .report import exit_status, write_report
-        from .session import get_session
+        from spark_audit.job import AuditOptions, run_audit
+        from spark_audit.progress import Progress
+        from spark_audit.report import exit_status, write_report
+        from spark_audit.session import get_session
     except ImportError as exc:
         print(f"corrfix audit needs the audit extra: {INSTALL_HINT} ({exc})", file=sys.stderr)
         return 2

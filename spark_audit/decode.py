@@ -25,8 +25,7 @@ from protocol import (
     response_body_offset,
     response_class,
 )
-
-from .produce_walk import produce_batch_facts
+from spark_audit.produce_walk import produce_batch_facts
 
 Fact = dict[str, Any]
 

@@ -19,9 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from protocol import ApiKey
-
-from .decode import DECODED_KEYS, decode
-from .produce_vector import decode_requests, decode_responses
+from spark_audit.decode import DECODED_KEYS, decode
+from spark_audit.produce_vector import decode_requests, decode_responses
 
 FACT_SCHEMA = pa.schema(
     [

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .checks.storms import GROUP_ACTIVITY
-from .names import api_name_column
+from spark_audit.checks.storms import GROUP_ACTIVITY
+from spark_audit.names import api_name_column
 
 
 def _finding(

@@ -17,16 +17,16 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import CHECKS, SEVERITIES
-from . import findings as fnd
-from .acks import with_acks
-from .checks import client_view, latency, offsets, produce, storms, upstream
-from .facts import decode_facts
-from .load import Via, load_bodies, load_headers
-from .names import error_name
-from .progress import Progress
-from .source import is_local, list_files
-from .windows import window_start
+from spark_audit import CHECKS, SEVERITIES
+from spark_audit import findings as fnd
+from spark_audit.acks import with_acks
+from spark_audit.checks import client_view, latency, offsets, produce, storms, upstream
+from spark_audit.facts import decode_facts
+from spark_audit.load import Via, load_bodies, load_headers
+from spark_audit.names import error_name
+from spark_audit.progress import Progress
+from spark_audit.source import is_local, list_files
+from spark_audit.windows import window_start
 
 REPORT_FORMAT = "corrfix-audit-report"
 REPORT_VERSION = 1

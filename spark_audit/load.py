@@ -8,16 +8,15 @@ import pyarrow as pa
 import pyarrow.fs
 from pyspark.sql import DataFrame, SparkSession
 
-from corrfix.capture.schema import CAPTURE_SCHEMA
+from corrfix.capture.format import CAPTURE_SCHEMA
 from protocol import ApiKey
-
-from . import DATA_SOURCE_NAME
-from .arrow_io import FrameTrim, RowFilter
-from .binary_files import read_binary_files
-from .decode import DECODED_KEYS
-from .facts import INPUT_COLUMNS
-from .schema import spark_schema
-from .source import CaptureDataSource, is_local
+from spark_audit import DATA_SOURCE_NAME
+from spark_audit.arrow_io import FrameTrim, RowFilter
+from spark_audit.binary_files import read_binary_files
+from spark_audit.decode import DECODED_KEYS
+from spark_audit.facts import INPUT_COLUMNS
+from spark_audit.schema import spark_schema
+from spark_audit.source import CaptureDataSource, is_local
 
 Via = Literal["auto", "datasource", "binaryfile"]
 

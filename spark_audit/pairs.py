@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from .acks import expects_answer, with_acks
-from .pair_arrow import PAIRS_SCHEMA, match
+from spark_audit.acks import expects_answer, with_acks
+from spark_audit.pair_arrow import PAIRS_SCHEMA, match
 
 PAIRS_SPARK_SCHEMA = from_arrow_schema(PAIRS_SCHEMA)
 

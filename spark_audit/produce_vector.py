@@ -23,8 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import ApiKey, request_class, response_class
-
-from .produce_walk import BATCH_HEADER, FIRST_FLEXIBLE
+from spark_audit.produce_walk import BATCH_HEADER, FIRST_FLEXIBLE
 
 FIRST_VERSION = 3
 """Older Produce has no transactional id (and v0-v1 answers no throttle time): rare, scalar."""

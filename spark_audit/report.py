@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import SEVERITIES, severity_rank
-from .report_html import render
+from spark_audit import SEVERITIES, severity_rank
+from spark_audit.report_html import render
 
 JSON_NAME = "report.json"
 HTML_NAME = "report.html"

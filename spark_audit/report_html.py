@@ -6,8 +6,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from .names import api_name
-from .svg import latency_bars, p_time, timeline
+from spark_audit.names import api_name
+from spark_audit.svg import latency_bars, p_time, timeline
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}

@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from corrfix.capture.schema import CAPTURE_SCHEMA
+from corrfix.capture.format import CAPTURE_SCHEMA
 
 CAPTURE_SPARK_SCHEMA: StructType = from_arrow_schema(CAPTURE_SCHEMA)
 """Every capture column, in contract order, with the contract's nullability."""

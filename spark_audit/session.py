@@ -14,7 +14,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from .load import register
+from spark_audit.load import register
 
 DEFAULT_MASTER = "local[*]"
 LOCAL_CONF = {

@@ -27,12 +27,10 @@ import pyarrow.fs
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from corrfix.capture.reader import capture_files
-from corrfix.capture.schema import FILE_SUFFIX
-
-from . import DATA_SOURCE_NAME
-from .arrow_io import FrameTrim, RowFilter, shape, stream_batches
-from .schema import CAPTURE_SPARK_SCHEMA, arrow_schema, spark_schema
+from corrfix.capture.format import FILE_SUFFIX, capture_files
+from spark_audit import DATA_SOURCE_NAME
+from spark_audit.arrow_io import FrameTrim, RowFilter, shape, stream_batches
+from spark_audit.schema import CAPTURE_SPARK_SCHEMA, arrow_schema, spark_schema
 
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 

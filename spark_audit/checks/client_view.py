@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..pairs import KEY, matched, overtaken, requests, responses, side_frames
+from spark_audit.pairs import KEY, matched, overtaken, requests, responses, side_frames
 
 WRAP_DROP = 1 << 30
 END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..pairs import KEY, requests
-from ..windows import window_start
+from spark_audit.pairs import KEY, requests
+from spark_audit.windows import window_start
 
 ACCURACY = 10_000
 

@@ -17,8 +17,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
-
-from ..windows import window_start
+from spark_audit.windows import window_start
 
 CATEGORIES: dict[str, tuple[int, ...]] = {
     "leader_election": (5, 6),

@@ -14,8 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
-
-from ..pairs import KEY, matched, overtaken, requests, responses, side_frames
+from spark_audit.pairs import KEY, matched, overtaken, requests, responses, side_frames
 
 
 def upstream_pairs(headers: DataFrame) -> DataFrame:

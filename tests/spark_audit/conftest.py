@@ -18,8 +18,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_audit.job import AuditOptions, run_audit  # noqa: E402
 from spark_audit.load import register  # noqa: E402
-
-from .builders import (  # noqa: E402
+from tests.support.audit_builders import (  # noqa: E402
     WIRE_CAPTURE,
     produce_answer,
     produce_frame,

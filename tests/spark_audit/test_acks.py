@@ -6,8 +6,7 @@ import pytest
 
 from protocol import parse_request_header, produce_acks
 from spark_audit.acks import with_produce_acks
-
-from .builders import produce_frame
+from tests.support.audit_builders import produce_frame
 
 CASES = [
     dict(version=v, acks=a, transactional_id=t, client_id=c)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from corrfix.capture.schema import CAPTURE_SCHEMA
+from corrfix.capture.format import CAPTURE_SCHEMA
 from spark_audit.arrow_io import FrameTrim, RowFilter
-
-from .builders import row
+from tests.support.audit_builders import row
 
 
 def batch(rows):

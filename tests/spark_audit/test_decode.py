@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from protocol import request_class, response_class
-from protocol.encoding import encode_request, encode_response
+from protocol.testing import encode_request, encode_response
 from spark_audit.decode import decode, errors
-
-from .builders import produce_frame, records
+from tests.support.audit_builders import produce_frame, records
 
 
 def facts_of(frame: bytes, api_key: int, version: int, direction: str) -> list[dict]:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from protocol import response_class
-from protocol.encoding import encode_response
+from protocol.testing import encode_response
 from spark_audit.facts import decode_facts
-
-from .builders import CAPTURE, capture_df, produce_frame, req, resp
+from tests.support.audit_builders import CAPTURE, capture_df, produce_frame, req, resp
 
 
 def test_decode_facts_runs_in_the_executors_on_the_broker_side(spark):

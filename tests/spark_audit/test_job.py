@@ -6,8 +6,7 @@ import pytest
 
 from spark_audit import CHECKS
 from spark_audit.job import AuditOptions, run_audit
-
-from .builders import CAPTURE, WIRE_CAPTURE
+from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE
 
 
 def counts(report):

@@ -9,12 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import request_class, response_class
-from protocol.encoding import encode_request, encode_response
+from protocol.testing import encode_request, encode_response
 from spark_audit.decode import decode
 from spark_audit.facts import FACT_SCHEMA, decode_batches
 from spark_audit.produce_vector import decode_requests, decode_responses
-
-from .builders import produce_answer, produce_frame, records
+from tests.support.audit_builders import produce_answer, produce_frame, records
 
 REQUEST = request_class(0)
 RESPONSE = response_class(0)

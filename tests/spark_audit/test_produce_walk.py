@@ -8,11 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import ApiKey, parse_request_header, request_class, response_body_offset, response_class
-from protocol.encoding import encode_request, encode_response
+from protocol.testing import encode_request, encode_response
 from spark_audit import decode as dec
 from spark_audit.produce_walk import produce_batch_facts
-
-from .builders import records
+from tests.support.audit_builders import records
 
 PRODUCE_REQUEST = request_class(ApiKey.PRODUCE)
 

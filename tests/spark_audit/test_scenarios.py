@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from corrfix import workload
-from corrfix.capture.reader import read_capture
+from corrfix.capture import read_capture
 from corrfix.chaos import ChaosRules
+from corrfix.lab import workload
 from protocol import ApiKey
 from spark_audit.checks.client_view import client_view
 from spark_audit.checks.offsets import offset_losses
@@ -18,8 +18,13 @@ from spark_audit.checks.upstream import upstream_skips
 from spark_audit.facts import decode_facts
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.load import load_capture, load_headers
-
-from .scenarios import acks0_produce, group_life, lossy_produce, over_the_wire, through_corrfix
+from tests.support.audit_scenarios import (
+    acks0_produce,
+    group_life,
+    lossy_produce,
+    over_the_wire,
+    through_corrfix,
+)
 
 pytestmark = pytest.mark.broker
 

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.utils import PythonException
 
-from corrfix.capture.pcap_import import CaptureRowWriter
-from corrfix.capture.reader import read_capture
-from corrfix.capture.schema import CAPTURE_SCHEMA, VERSION_KEY
+from corrfix.capture import read_capture
+from corrfix.capture.format import CAPTURE_SCHEMA, VERSION_KEY
+from corrfix.capture.pcap import CaptureRowWriter
 from spark_audit import DATA_SOURCE_NAME
 from spark_audit.arrow_io import FrameTrim, RowFilter
 from spark_audit.load import load_capture, load_headers

@@ -11,9 +11,9 @@ import pyarrow as pa
 from kafka.record.memory_records import MemoryRecordsBuilder
 from pyspark.sql import DataFrame, SparkSession
 
-from corrfix.capture.schema import CAPTURE_SCHEMA, Source, schema_for
+from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
 from protocol import request_class, response_class
-from protocol.encoding import encode_request, encode_response
+from protocol.testing import encode_request, encode_response
 from spark_audit.facts import FACT_SCHEMA, FACT_SPARK_SCHEMA
 from spark_audit.schema import CAPTURE_SPARK_SCHEMA
 

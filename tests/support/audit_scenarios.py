@@ -17,17 +17,15 @@ from typing import Any
 import kafka
 import trio
 
-from corrfix import workload
-from corrfix.capture.pcap_import import import_pcap
-from corrfix.capture.writer import CaptureWriter
-from corrfix.chaos import ChaosRules
-from corrfix.chaos_relay import ChaosConfig, ChaosRelay, serve_chaos
-from corrfix.netutil import free_port
-from corrfix.relay import Address, Proxy, ProxyConfig
-from corrfix.repair import RepairConfig
-from corrfix.tansu import TansuBroker
-from tests.corrfix.capture.tcpdump import tcpdump
-from tests.corrfix.capture.watch import Watch
+from corrfix._netutil import free_port
+from corrfix.capture import CaptureWriter
+from corrfix.capture.pcap import import_pcap
+from corrfix.chaos import ChaosConfig, ChaosRelay, ChaosRules, serve_chaos
+from corrfix.core import Address, RepairConfig
+from corrfix.lab import TansuBroker, workload
+from corrfix.proxy import Proxy, ProxyConfig
+from tests.support.tcpdump import tcpdump
+from tests.support.watch import Watch
 
 DEADLINE_S = 90.0
 SECOND_MEMBER_TRIES = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..builders import ACKS0, ACKS1, capture_df, repair, req, resp, row
+from tests.support.audit_builders import ACKS0, ACKS1, capture_df, repair, req, resp, row
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks.client_view import client_view
-
-from ..builders import CAPTURE, MS
+from tests.support.audit_builders import CAPTURE, MS
 
 
 def test_the_client_side_of_a_repaired_proxy_connection_is_clean(proxy_capture):

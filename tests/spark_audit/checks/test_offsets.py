@@ -6,8 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks.offsets import offset_losses
-
-from ..builders import CAPTURE, MS, fact, facts_df
+from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
 
 def test_committed_offset_loss(spark):

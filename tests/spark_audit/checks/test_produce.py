@@ -6,8 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks.produce import attempts, duplicate_batches, sequence_problems
-
-from ..builders import CAPTURE, MS, fact, facts_df
+from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
 
 def batch(conn, seq, wall_ms, crc, *, pid=-1, base=-1, count=2, partition=0):

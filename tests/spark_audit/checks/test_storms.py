@@ -6,8 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks.storms import error_storms, leader_changes, rebalances
-
-from ..builders import MS, fact, facts_df
+from tests.support.audit_builders import MS, fact, facts_df
 
 S = 1000  # ms
 

@@ -6,8 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks.upstream import upstream_skips, upstream_strays
-
-from ..builders import ACKS1, CAPTURE, MS, capture_df, repair, req, resp
+from tests.support.audit_builders import ACKS1, CAPTURE, MS, capture_df, repair, req, resp
 
 
 def test_upstream_skips_say_what_was_lost_and_what_corrfix_did(proxy_capture):
