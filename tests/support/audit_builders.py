@@ -10,12 +10,12 @@ from typing import Any
 import pyarrow as pa
 from kafka.record.memory_records import MemoryRecordsBuilder
 from pyspark.sql import DataFrame, SparkSession
-
-from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
-from protocol import request_class, response_class
-from protocol.testing import encode_request, encode_response
 from spark_audit.facts import FACT_SCHEMA, FACT_SPARK_SCHEMA
 from spark_audit.schema import CAPTURE_SPARK_SCHEMA
+
+from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
+from protocol import ApiKey, request_class, response_class
+from protocol.testing import encode_request, encode_response
 
 CAPTURE = "cafe" * 8
 WIRE_CAPTURE = "beef" * 8
@@ -158,7 +158,7 @@ def produce_frame(
     partition: int = 0,
     batch: bytes | None = None,
 ) -> bytes:
-    cls = request_class(0)
+    cls = request_class(ApiKey.PRODUCE)
     data = cls.TopicProduceData(
         name=topic,
         partition_data=[
@@ -179,7 +179,7 @@ ACKS0 = produce_frame(0, acks=0)
 
 def produce_answer(cid: int, error_code: int = 0, topic: str = "t", partition: int = 0) -> bytes:
     """A Produce v9 answer for one partition."""
-    cls = response_class(0)
+    cls = response_class(ApiKey.PRODUCE)
     part = cls.TopicProduceResponse.PartitionProduceResponse(
         index=partition, error_code=error_code, base_offset=0
     )

@@ -19,6 +19,7 @@ from typing import Any
 from corrfix.core import Event, Received, Repaired, RepairEvent, Sent
 from protocol import ApiKey, ProtocolError, parse_request_header, response_correlation_id
 from protocol._rewrite import decode_response_body, split_response
+from tests.support.changes import Changes
 
 ADDRESS_APIS = frozenset(
     {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
@@ -74,11 +75,14 @@ class ClientView:
     _pending: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
     snaplen: int = 0
     """Request headers are all it reads of what clients sent."""
+    changes: Changes = field(default_factory=Changes)
+    """Notified when a connection opens or closes."""
 
     def connection_opened(self, connection: str, client: str, upstream: str) -> None:
         del client
         self.upstreams[connection] = upstream
         self._pending[connection] = {}
+        self.changes.notify()
 
     def events(self, connection: str, events: Sequence[Event]) -> None:
         for event in events:
@@ -118,6 +122,7 @@ class ClientView:
 
     def connection_closed(self, connection: str, reason: str) -> None:
         self.closed[connection] = reason
+        self.changes.notify()
 
     def opened_to(self, address: str) -> int:
         """How many proxy connections went upstream to ``address``."""

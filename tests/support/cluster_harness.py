@@ -16,6 +16,7 @@ from corrfix.core import Address, ClusterRouter, RepairConfig
 from corrfix.proxy import Proxy, ProxyConfig
 from protocol import FrameDecoder, frame, response_correlation_id
 from protocol.testing import encode_request
+from tests.support.changes import Changes
 from tests.support.client_view import ClientView, SeenAddress, decode_answer
 from tests.support.fake_cluster import LOOPBACK, FakeCluster
 
@@ -23,12 +24,15 @@ from tests.support.fake_cluster import LOOPBACK, FakeCluster
 class Stack:
     """A fake cluster and corrfix in front of broker 1, with an observer on corrfix."""
 
-    def __init__(self, cluster: FakeCluster, proxy: Proxy, view: ClientView, port: int) -> None:
+    def __init__(
+        self, cluster: FakeCluster, proxy: Proxy, view: ClientView, port: int, changes: Changes
+    ) -> None:
         self.cluster = cluster
         self.proxy = proxy
         self.view = view
         self.port = port
         self.bootstrap = f"{LOOPBACK}:{port}"
+        self.changes = changes
 
     @property
     def router(self) -> ClusterRouter:
@@ -43,17 +47,16 @@ class Stack:
         }
 
     async def settled(self, timeout: float = 10.0) -> None:
-        """Wait, at most ``timeout``, until every client connection has closed and each
-        broker has accepted every connection corrfix made to it (the accept loop of a fake
-        broker may run after corrfix's connect returned). The callers then assert."""
+        """Wait until every client connection has closed and each broker has accepted every
+        connection corrfix made to it (the accept loop of a fake broker may run after
+        corrfix's connect returned); fail after ``timeout``. Woken by the observer's opens
+        and closes and the brokers' accepts and ends."""
 
         def done() -> bool:
             counts = self.connection_counts().values()
             return self.proxy.stats.connections_active == 0 and all(a == b for a, b in counts)
 
-        with trio.move_on_after(timeout):
-            while not done():
-                await trio.sleep(0.01)
+        await self.changes.until(done, timeout)
 
     async def assert_clients_stayed_on_proxy(self) -> None:
         """Every connection a broker accepted came from corrfix, corrfix stands in for every
@@ -92,9 +95,10 @@ def assert_only_listeners(addresses: list[SeenAddress], listener_ports: dict[int
 async def start_stack(
     nursery: trio.Nursery, *, repair: RepairConfig | None = None, **cluster_options: object
 ) -> Stack:
-    cluster = FakeCluster(**cluster_options)  # type: ignore[arg-type]
+    changes = Changes()
+    cluster = FakeCluster(**cluster_options, changes=changes)  # type: ignore[arg-type]
     await cluster.start(nursery)
-    view = ClientView()
+    view = ClientView(changes=changes)
     config = ProxyConfig(
         Address(LOOPBACK, 0),
         Address(LOOPBACK, cluster.brokers[cluster.node_ids[0]].port),
@@ -102,7 +106,7 @@ async def start_stack(
     )
     proxy = Proxy(config, observer=view)
     bound = await nursery.start(proxy.serve)
-    return Stack(cluster, proxy, view, bound[0].port)
+    return Stack(cluster, proxy, view, bound[0].port, changes)
 
 
 async def in_thread(fn, *args, **kwargs):

@@ -45,20 +45,35 @@ import trio
 from kafka.protocol.broker_version_data import BROKER_API_VERSIONS
 from kafka.record import MemoryRecords
 
-from protocol import FrameDecoder, frame, parse_request_header, produce_acks, request_class, response_class
+from protocol import (
+    ApiKey,
+    FrameDecoder,
+    frame,
+    parse_request_header,
+    produce_acks,
+    request_class,
+    response_class,
+)
 from protocol.testing import encode_response
+from tests.support.changes import Changes
 
 LOOPBACK = "127.0.0.1"
 CLUSTER_ID = "corrfix-fake-cluster"
 REAL_BROKER_VERSION = (4, 1)
 UNAVAILABLE_KEY = "no-coordinator"
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-OFFSET_FETCH, FIND_COORDINATOR = 9, 10
-SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE, DESCRIBE_CLUSTER = 17, 18, 36, 60
-SERVED = frozenset({PRODUCE, METADATA, OFFSET_FETCH, FIND_COORDINATOR, SASL_HANDSHAKE, API_VERSIONS})
-SERVED |= {SASL_AUTHENTICATE, DESCRIBE_CLUSTER}
-ADVERTISED_ONLY = frozenset({FETCH, LIST_OFFSETS})
+SERVED = frozenset(
+    {
+        ApiKey.PRODUCE,
+        ApiKey.METADATA,
+        ApiKey.OFFSET_FETCH,
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.SASL_HANDSHAKE,
+        ApiKey.API_VERSIONS,
+    }
+)
+SERVED |= {ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_CLUSTER}
+ADVERTISED_ONLY = frozenset({ApiKey.FETCH, ApiKey.LIST_OFFSETS})
 
 NO_ERROR = 0
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -266,14 +281,14 @@ class ClusterBroker:
         self.sasl_violations: list[tuple[str, Received]] = []
         """(SASL stage, request) of each request Kafka would have failed the connection for."""
         self._handlers: dict[int, Callable[[Any, Received, _ConnectionState], Any]] = {
-            PRODUCE: self._produce,
-            METADATA: self._metadata,
-            OFFSET_FETCH: self._offset_fetch,
-            FIND_COORDINATOR: self._find_coordinator,
-            SASL_HANDSHAKE: self._sasl_handshake,
-            API_VERSIONS: self._api_versions,
-            SASL_AUTHENTICATE: self._sasl_authenticate,
-            DESCRIBE_CLUSTER: self._describe_cluster,
+            ApiKey.PRODUCE: self._produce,
+            ApiKey.METADATA: self._metadata,
+            ApiKey.OFFSET_FETCH: self._offset_fetch,
+            ApiKey.FIND_COORDINATOR: self._find_coordinator,
+            ApiKey.SASL_HANDSHAKE: self._sasl_handshake,
+            ApiKey.API_VERSIONS: self._api_versions,
+            ApiKey.SASL_AUTHENTICATE: self._sasl_authenticate,
+            ApiKey.DESCRIBE_CLUSTER: self._describe_cluster,
         }
 
     # -- what tests read ----------------------------------------------------------------
@@ -327,6 +342,13 @@ class ClusterBroker:
         host, port, *_ = stream.socket.getpeername()
         log = ConnectionLog(f"{host}:{port}")
         self.connections.append(log)
+        self.cluster.changes.notify()
+        try:
+            await self._converse(stream, log)
+        finally:
+            self.cluster.changes.notify()
+
+    async def _converse(self, stream: trio.SocketStream, log: ConnectionLog) -> None:
         state = _ConnectionState(log, COMPLETE if self.cluster.sasl is None else VERSIONS_OR_HANDSHAKE)
         decoder = FrameDecoder()
         async with stream:
@@ -380,11 +402,11 @@ class ClusterBroker:
         cls = request_class(header.api_key)
         assert cls is not None
         body = cls.decode(bytes(request[header.body_offset :]), version=header.api_version)
-        if header.api_key == PRODUCE and produce_acks(request, header) == 0:
+        if header.api_key == ApiKey.PRODUCE and produce_acks(request, header) == 0:
             handler(body, received, state)
             return None
         message = handler(body, received, state)
-        if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+        if header.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
             await self._sasl_delay()
         return encode_response(message, header.correlation_id)
 
@@ -393,12 +415,12 @@ class ClusterBroker:
         """What Kafka's SaslServerAuthenticator accepts in each stage."""
         stage = state.stage
         if stage == COMPLETE:
-            return api_key != SASL_AUTHENTICATE  # re-authentication is not scripted
+            return api_key != ApiKey.SASL_AUTHENTICATE  # re-authentication is not scripted
         if stage == VERSIONS_OR_HANDSHAKE:
-            return api_key in (API_VERSIONS, SASL_HANDSHAKE)
+            return api_key in (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE)
         if stage == HANDSHAKE:
-            return api_key == SASL_HANDSHAKE
-        return stage == AUTHENTICATE and api_key == SASL_AUTHENTICATE
+            return api_key == ApiKey.SASL_HANDSHAKE
+        return stage == AUTHENTICATE and api_key == ApiKey.SASL_AUTHENTICATE
 
     def _authenticated(self, state: _ConnectionState) -> None:
         state.stage = COMPLETE
@@ -414,16 +436,16 @@ class ClusterBroker:
     def _api_versions(self, _request: Any, received: Received, state: _ConnectionState) -> Any:
         if state.stage == VERSIONS_OR_HANDSHAKE:
             state.stage = HANDSHAKE
-        cls = response_class(API_VERSIONS)
+        cls = response_class(ApiKey.API_VERSIONS)
         assert cls is not None
         keys = [
             cls.ApiVersion(api_key=key, min_version=low, max_version=high)
             for key, (low, high) in sorted(self.cluster.api_ranges.items())
         ]
-        return self._response(API_VERSIONS, received.api_version, error_code=NO_ERROR, api_keys=keys)
+        return self._response(ApiKey.API_VERSIONS, received.api_version, error_code=NO_ERROR, api_keys=keys)
 
     def _metadata(self, request: Any, received: Received, _state: _ConnectionState) -> Any:
-        cls = response_class(METADATA)
+        cls = response_class(ApiKey.METADATA)
         assert cls is not None
         cluster = self.cluster
         version = received.api_version
@@ -469,7 +491,7 @@ class ClusterBroker:
             for node_id, broker in cluster.brokers.items()
         ]
         return self._response(
-            METADATA,
+            ApiKey.METADATA,
             version,
             throttle_time_ms=0,
             brokers=brokers,
@@ -501,14 +523,14 @@ class ClusterBroker:
 
         version = received.api_version
         if version <= 3:
-            return self._response(FIND_COORDINATOR, version, throttle_time_ms=0, **entry(request.key))
-        cls = response_class(FIND_COORDINATOR)
+            return self._response(ApiKey.FIND_COORDINATOR, version, throttle_time_ms=0, **entry(request.key))
+        cls = response_class(ApiKey.FIND_COORDINATOR)
         assert cls is not None
         coordinators = [cls.Coordinator(key=key, **entry(key)) for key in request.coordinator_keys]
-        return self._response(FIND_COORDINATOR, version, throttle_time_ms=0, coordinators=coordinators)
+        return self._response(ApiKey.FIND_COORDINATOR, version, throttle_time_ms=0, coordinators=coordinators)
 
     def _describe_cluster(self, _request: Any, received: Received, _state: _ConnectionState) -> Any:
-        cls = response_class(DESCRIBE_CLUSTER)
+        cls = response_class(ApiKey.DESCRIBE_CLUSTER)
         assert cls is not None
         brokers = [
             cls.DescribeClusterBroker(
@@ -517,7 +539,7 @@ class ClusterBroker:
             for node_id, broker in self.cluster.brokers.items()
         ]
         return self._response(
-            DESCRIBE_CLUSTER,
+            ApiKey.DESCRIBE_CLUSTER,
             received.api_version,
             throttle_time_ms=0,
             error_code=NO_ERROR,
@@ -533,17 +555,19 @@ class ClusterBroker:
         error = NO_ERROR if self.node_id == self.cluster.coordinator else NOT_COORDINATOR
         version = received.api_version
         if version <= 7:
-            return self._response(OFFSET_FETCH, version, throttle_time_ms=0, topics=[], error_code=error)
-        cls = response_class(OFFSET_FETCH)
+            return self._response(
+                ApiKey.OFFSET_FETCH, version, throttle_time_ms=0, topics=[], error_code=error
+            )
+        cls = response_class(ApiKey.OFFSET_FETCH)
         assert cls is not None
         groups = [
             cls.OffsetFetchResponseGroup(group_id=group.group_id, topics=[], error_code=error)
             for group in request.groups
         ]
-        return self._response(OFFSET_FETCH, version, throttle_time_ms=0, groups=groups)
+        return self._response(ApiKey.OFFSET_FETCH, version, throttle_time_ms=0, groups=groups)
 
     def _produce(self, request: Any, received: Received, _state: _ConnectionState) -> Any:
-        cls = response_class(PRODUCE)
+        cls = response_class(ApiKey.PRODUCE)
         assert cls is not None
         topic_cls = cls.TopicProduceResponse
         partition_cls = topic_cls.PartitionProduceResponse
@@ -579,7 +603,7 @@ class ClusterBroker:
             for node_id in sorted(leaders_named)
         ]
         return self._response(
-            PRODUCE, version, responses=responses, throttle_time_ms=0, node_endpoints=endpoints
+            ApiKey.PRODUCE, version, responses=responses, throttle_time_ms=0, node_endpoints=endpoints
         )
 
     # -- SASL -----------------------------------------------------------------------------
@@ -591,14 +615,16 @@ class ClusterBroker:
             if sasl is not None:
                 state.close_after_answer = f"unsupported SASL mechanism {request.mechanism!r}"
             return self._response(
-                SASL_HANDSHAKE,
+                ApiKey.SASL_HANDSHAKE,
                 received.api_version,
                 error_code=UNSUPPORTED_SASL_MECHANISM,
                 mechanisms=enabled,
             )
         state.mechanism = sasl.mechanism(request.mechanism)
         state.stage = RAW if received.api_version == 0 else AUTHENTICATE
-        return self._response(SASL_HANDSHAKE, received.api_version, error_code=NO_ERROR, mechanisms=enabled)
+        return self._response(
+            ApiKey.SASL_HANDSHAKE, received.api_version, error_code=NO_ERROR, mechanisms=enabled
+        )
 
     def _sasl_authenticate(self, request: Any, received: Received, state: _ConnectionState) -> Any:
         version = received.api_version
@@ -608,7 +634,7 @@ class ClusterBroker:
         except AuthenticationFailedError as exc:
             state.close_after_answer = f"SASL authentication failed: {exc}"
             return self._response(
-                SASL_AUTHENTICATE,
+                ApiKey.SASL_AUTHENTICATE,
                 version,
                 error_code=SASL_AUTHENTICATION_FAILED,
                 error_message=str(exc),
@@ -618,7 +644,7 @@ class ClusterBroker:
         if mechanism.done:
             self._authenticated(state)
         return self._response(
-            SASL_AUTHENTICATE,
+            ApiKey.SASL_AUTHENTICATE,
             version,
             error_code=NO_ERROR,
             error_message=None,
@@ -660,7 +686,10 @@ class FakeCluster:
         coordinator: int = 2,
         controller: int | None = None,
         sasl: SaslSettings | None = None,
+        changes: Changes | None = None,
     ) -> None:
+        self.changes = changes or Changes()
+        """Notified when a broker accepts a connection and when one ends."""
         self.topics = dict(topics if topics is not None else {"routed": 6})
         self.topic_ids = {name: topic_id(name) for name in self.topics}
         self.topic_names = {topic_id: name for name, topic_id in self.topic_ids.items()}
@@ -672,8 +701,8 @@ class FakeCluster:
         real = BROKER_API_VERSIONS[REAL_BROKER_VERSION]
         self.api_ranges = {key: real[key] for key in SERVED | ADVERTISED_ONLY}
         if sasl is not None and sasl.handshake_max_version == 0:
-            self.api_ranges[SASL_HANDSHAKE] = (0, 0)
-            del self.api_ranges[SASL_AUTHENTICATE]
+            self.api_ranges[ApiKey.SASL_HANDSHAKE] = (0, 0)
+            del self.api_ranges[ApiKey.SASL_AUTHENTICATE]
 
     def leader(self, topic: str, partition: int) -> int:
         """Partition p of every topic is led by the (p mod n)-th node."""

@@ -160,11 +160,13 @@ def test_tracked_requests_are_bounded():
 
 
 def test_sasl_handshake_v0_raw_tokens_pass_untouched():
-    handshake = protocol.request_class(17)
+    handshake = protocol.request_class(ApiKey.SASL_HANDSHAKE)
     policy = ChaosPolicy(ChaosRules(drop_every=1))  # drop everything that can be dropped
     conn = policy.connection()
     conn.client_data(encode_request(handshake[0](mechanism="PLAIN"), 1))
-    ok = encode_response(protocol.response_class(17)[0](error_code=0, mechanisms=["PLAIN"]), 1)
+    ok = encode_response(
+        protocol.response_class(ApiKey.SASL_HANDSHAKE)[0](error_code=0, mechanisms=["PLAIN"]), 1
+    )
     [(_, decision)] = conn.broker_data(ok)
     assert decision.api_key == 17
     conn.client_data(protocol.frame(b"\x00user\x00secret"))  # a raw token, no Kafka header
@@ -178,10 +180,12 @@ def test_sasl_handshake_v0_raw_tokens_pass_untouched():
 
 
 def test_failed_sasl_handshake_v0_stays_in_kafka_mode():
-    handshake = protocol.request_class(17)
+    handshake = protocol.request_class(ApiKey.SASL_HANDSHAKE)
     conn = ChaosPolicy().connection()
     conn.client_data(encode_request(handshake[0](mechanism="NOPE"), 1))
-    failed = encode_response(protocol.response_class(17)[0](error_code=33, mechanisms=["PLAIN"]), 1)
+    failed = encode_response(
+        protocol.response_class(ApiKey.SASL_HANDSHAKE)[0](error_code=33, mechanisms=["PLAIN"]), 1
+    )
     conn.broker_data(failed)
     with pytest.raises(protocol.ProtocolError):
         conn.client_data(protocol.frame(b"\x00u\x00p"))

@@ -20,19 +20,14 @@ import pytest
 import trio
 from kafka.record import MemoryRecordsBuilder
 
-from protocol import decodable_max_versions, request_class
+from protocol import ApiKey, decodable_max_versions, request_class
 from tests.support.client_view import SeenAddress, addresses_in
 from tests.support.cluster_harness import RawClient, Stack, assert_only_listeners, in_thread
 from tests.support.cluster_harness import start_stack as start_cluster_stack
 from tests.support.fake_cluster import (
     COORDINATOR_NOT_AVAILABLE,
-    DESCRIBE_CLUSTER,
-    FIND_COORDINATOR,
     LOOPBACK,
-    METADATA,
     NOT_LEADER_OR_FOLLOWER,
-    OFFSET_FETCH,
-    PRODUCE,
     UNAVAILABLE_KEY,
     topic_id,
 )
@@ -114,7 +109,7 @@ def assert_leaders_got_exactly(stack: Stack, values: dict[int, list[bytes]]) -> 
         assert {p for (_, p) in broker.logs} == led, node_id  # produce requests reached every broker
         for p in led:
             assert broker.logs[(TOPIC, p)] == values[p]
-        assert broker.api_counts()[PRODUCE] >= 1
+        assert broker.api_counts()[ApiKey.PRODUCE] >= 1
 
 
 async def test_kafka_python_producer_reaches_every_leader_only_through_corrfix():
@@ -128,7 +123,7 @@ async def test_kafka_python_producer_reaches_every_leader_only_through_corrfix()
     assert_leaders_got_exactly(stack, values)
     # Bootstrap, then one connection per leader listener at least.
     assert stack.proxy.stats.connections_opened >= 4
-    assert {a.api_key for a in stack.view.addresses} >= {METADATA}
+    assert {a.api_key for a in stack.view.addresses} >= {ApiKey.METADATA}
 
 
 async def test_confluent_producer_reaches_every_leader_only_through_corrfix():
@@ -172,16 +167,16 @@ async def test_kafka_python_admin_describe_cluster_and_coordinator_through_corrf
     }
     assert offsets == {"routing-group": {}, "other-group": {}}
     seen = {(a.api_key, a.node_id) for a in stack.view.addresses}
-    assert {(DESCRIBE_CLUSTER, n) for n in NODES} <= seen
-    assert (FIND_COORDINATOR, 2) in seen
+    assert {(ApiKey.DESCRIBE_CLUSTER, n) for n in NODES} <= seen
+    assert (ApiKey.FIND_COORDINATOR, 2) in seen
     coordinator = stack.cluster.brokers[2]
-    assert coordinator.api_counts()[OFFSET_FETCH] >= 1
-    assert all(b.api_counts()[OFFSET_FETCH] == 0 for n, b in stack.cluster.brokers.items() if n != 2)
+    assert coordinator.api_counts()[ApiKey.OFFSET_FETCH] >= 1
+    assert all(b.api_counts()[ApiKey.OFFSET_FETCH] == 0 for n, b in stack.cluster.brokers.items() if n != 2)
     batched = [
         r.api_version
         for b in stack.cluster.brokers.values()
         for r in b.requests
-        if r.api_key == FIND_COORDINATOR
+        if r.api_key == ApiKey.FIND_COORDINATOR
     ]
     assert batched and min(batched) >= 4
 
@@ -211,7 +206,7 @@ async def test_confluent_admin_describe_cluster_and_coordinator_through_corrfix(
     ports = stack.router.listener_ports
     assert sorted(nodes) == [(n, LOOPBACK, ports[n]) for n in sorted(NODES)]
     assert groups == [("routing-group", [])]
-    assert stack.cluster.brokers[2].api_counts()[OFFSET_FETCH] >= 1
+    assert stack.cluster.brokers[2].api_counts()[ApiKey.OFFSET_FETCH] >= 1
 
 
 # -- raw requests ---------------------------------------------------------------------------
@@ -226,14 +221,14 @@ def records(*values: bytes) -> bytes:
 
 
 def metadata_request(version: int):
-    cls = request_class(METADATA)
+    cls = request_class(ApiKey.METADATA)
     return cls(
         version=version, topics=[cls.MetadataRequestTopic(name=TOPIC)], allow_auto_topic_creation=False
     )
 
 
 def find_coordinator_requests(version: int) -> list:
-    cls = request_class(FIND_COORDINATOR)
+    cls = request_class(ApiKey.FIND_COORDINATOR)
     if version == 0:
         return [cls(version=0, key="g"), cls(version=0, key=UNAVAILABLE_KEY)]
     if version <= 3:
@@ -246,7 +241,7 @@ def find_coordinator_requests(version: int) -> list:
 
 
 def describe_cluster_request(version: int):
-    cls = request_class(DESCRIBE_CLUSTER)
+    cls = request_class(ApiKey.DESCRIBE_CLUSTER)
     return cls(
         version=version,
         include_cluster_authorized_operations=False,
@@ -257,7 +252,7 @@ def describe_cluster_request(version: int):
 
 def misdirected_produce(version: int, partition: int):
     """A Produce for ``partition`` (led by broker 2), sent where broker 1 answers it."""
-    cls = request_class(PRODUCE)
+    cls = request_class(ApiKey.PRODUCE)
     topic = cls.TopicProduceData(
         name=TOPIC,
         topic_id=topic_id(TOPIC),
@@ -278,18 +273,18 @@ async def test_raw_answers_of_every_version_name_only_corrfix_listeners():
         async with trio.open_nursery() as nursery:
             stack = await start_stack(nursery)
             client = await RawClient.connect(stack.port)
-            for version in range(caps[METADATA] + 1):
+            for version in range(caps[ApiKey.METADATA] + 1):
                 answer = await client.call(metadata_request(version))
                 assert [t.name for t in answer.topics] == [TOPIC]
                 leaders = {p.partition_index: p.leader_id for p in answer.topics[0].partitions}
                 assert leaders == {p: p % 3 + 1 for p in range(PARTITIONS)}
-                found = addresses_in(METADATA, version, answer)
+                found = addresses_in(ApiKey.METADATA, version, answer)
                 assert {a.node_id for a in found} == NODES
                 seen += found
-            for version in range(caps[FIND_COORDINATOR] + 1):
+            for version in range(caps[ApiKey.FIND_COORDINATOR] + 1):
                 for request in find_coordinator_requests(version):
                     answer = await client.call(request)
-                    for address in addresses_in(FIND_COORDINATOR, version, answer):
+                    for address in addresses_in(ApiKey.FIND_COORDINATOR, version, answer):
                         if address.node_id == -1:
                             placeholders += 1
                         else:
@@ -298,17 +293,17 @@ async def test_raw_answers_of_every_version_name_only_corrfix_listeners():
                     if version >= 4:
                         errors = {c.key: c.error_code for c in answer.coordinators}
                         assert errors == {"g1": 0, "g2": 0, UNAVAILABLE_KEY: COORDINATOR_NOT_AVAILABLE}
-            for version in range(caps[DESCRIBE_CLUSTER] + 1):
+            for version in range(caps[ApiKey.DESCRIBE_CLUSTER] + 1):
                 found = addresses_in(
-                    DESCRIBE_CLUSTER, version, await client.call(describe_cluster_request(version))
+                    ApiKey.DESCRIBE_CLUSTER, version, await client.call(describe_cluster_request(version))
                 )
                 assert {a.node_id for a in found} == NODES
                 seen += found
-            for version in range(3, caps[PRODUCE] + 1):
+            for version in range(3, caps[ApiKey.PRODUCE] + 1):
                 answer = await client.call(misdirected_produce(version, partition=1))
                 (partition,) = answer.responses[0].partition_responses
                 assert partition.error_code == NOT_LEADER_OR_FOLLOWER
-                found = addresses_in(PRODUCE, version, answer)
+                found = addresses_in(ApiKey.PRODUCE, version, answer)
                 if version >= 10:
                     assert partition.current_leader.leader_id == 2
                     assert [a.node_id for a in found] == [2]
@@ -321,16 +316,21 @@ async def test_raw_answers_of_every_version_name_only_corrfix_listeners():
     assert_only_listeners(seen, ports)
     assert not {a.port for a in seen} & stack.cluster.ports
     assert placeholders == 1 + 3 + 3  # v0, v1-v3 and one batch per v4-v6
-    assert {a.api_key for a in seen} == {METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, PRODUCE}
+    assert {a.api_key for a in seen} == {
+        ApiKey.METADATA,
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.DESCRIBE_CLUSTER,
+        ApiKey.PRODUCE,
+    }
     # One client connection, one upstream connection, to the bootstrap broker only.
     assert stack.proxy.stats.connections_opened == 1
     assert [b.accepted for b in stack.cluster.brokers.values()] == [1, 0, 0]
-    assert stack.cluster.brokers[1].misdirected == [(TOPIC, 1)] * (caps[PRODUCE] - 2)
+    assert stack.cluster.brokers[1].misdirected == [(TOPIC, 1)] * (caps[ApiKey.PRODUCE] - 2)
     assert stack.cluster.unhandled == []
 
 
 async def test_each_broker_listener_relays_to_its_own_broker():
-    api_versions = request_class(18)
+    api_versions = request_class(ApiKey.API_VERSIONS)
     with trio.fail_after(TEST_TIMEOUT):
         async with trio.open_nursery() as nursery:
             stack = await start_stack(nursery)
@@ -355,7 +355,7 @@ async def test_each_broker_listener_relays_to_its_own_broker():
 
 @pytest.mark.parametrize("version", [4, 6])
 async def test_batched_find_coordinator_names_the_listener_for_every_key(version):
-    cls = request_class(FIND_COORDINATOR)
+    cls = request_class(ApiKey.FIND_COORDINATOR)
     keys = [f"group-{i}" for i in range(20)]
     with trio.fail_after(TEST_TIMEOUT):
         async with trio.open_nursery() as nursery:

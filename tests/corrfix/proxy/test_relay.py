@@ -200,16 +200,24 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
     assert got == [(41, 41)]
 
 
-async def test_idle_connections_are_closed():
+async def test_idle_connections_are_closed(mock_clock):
+    """The default idle timeout (600 s), on trio's MockClock: real time flows so ``fail_after``
+    bounds the test, and ``jump`` carries the connection past its idle deadline."""
+    mock_clock.rate = 1.0
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), idle_timeout=0.2)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port))
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
             assert answers(await read_frames(stream, 1)) == [(1, 1)]
+            with trio.move_on_after(0.3):  # nothing outstanding, but not yet idle: still open
+                await stream.receive_some(100)
+                raise AssertionError("closed before its idle timeout")
+        mock_clock.jump(config.idle_timeout)  # outside fail_after, whose deadline would jump too
+        with trio.fail_after(10):
             assert await stream.receive_some(100) == b""  # closed once idle
         nursery.cancel_scope.cancel()
 
@@ -247,20 +255,27 @@ async def test_upstream_connect_is_retried_a_bounded_number_of_times():
     assert [e["attempts"] for e in logs if e["event"] == "upstream unreachable, closing client"] == [3]
 
 
-async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on():
+async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on(mock_clock):
+    """The default frame timeout (30 s), on trio's MockClock at real rate, carried past by ``jump``."""
+    mock_clock.rate = 1.0
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), frame_timeout=0.3)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port))
         port = (await nursery.start(Proxy(config).serve))[0].port
-        with trio.fail_after(10), capture_logs() as logs:
-            stalled = await trio.open_tcp_stream("127.0.0.1", port)
-            frame = request_frame(ApiKey.LIST_OFFSETS, 1, 1)
-            await stalled.send_all(frame[:7])  # half a frame, then nothing
-            good = await trio.open_tcp_stream("127.0.0.1", port)
-            await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
-            assert answers(await read_frames(good, 1)) == [(2, 2)]
-            assert await stalled.receive_some(100) == b""
+        with capture_logs() as logs:
+            with trio.fail_after(10):
+                stalled = await trio.open_tcp_stream("127.0.0.1", port)
+                frame = request_frame(ApiKey.LIST_OFFSETS, 1, 1)
+                await stalled.send_all(frame[:7])  # half a frame, then nothing
+                good = await trio.open_tcp_stream("127.0.0.1", port)
+                await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
+                assert answers(await read_frames(good, 1)) == [(2, 2)]
+            mock_clock.jump(config.frame_timeout)
+            with trio.fail_after(10):
+                assert await stalled.receive_some(100) == b""
+                await good.send_all(request_frame(ApiKey.LIST_OFFSETS, 3, 3))
+                assert answers(await read_frames(good, 1)) == [(3, 3)]
         nursery.cancel_scope.cancel()
     assert any("incomplete" in (e.get("reason") or "") for e in logs if e["event"] == "closing connection")
 

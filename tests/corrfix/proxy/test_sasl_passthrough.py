@@ -26,7 +26,7 @@ from kafka.net.sasl.scram import ScramClient
 from corrfix.core import PROBE_CLIENT_ID, RepairConfig
 from protocol import ApiKey, request_class
 from tests.support.cluster_harness import RawClient, Stack, in_thread, start_stack
-from tests.support.fake_cluster import SASL_AUTHENTICATE, RawToken, Received, SaslSettings, gssapi_reply
+from tests.support.fake_cluster import RawToken, Received, SaslSettings, gssapi_reply
 
 USER, PASSWORD = "alice", "alice-secret"
 TOPIC = "secured"
@@ -39,7 +39,7 @@ SLOW_AUTHENTICATOR = 0.3
 
 ApiVersionsRequest = request_class(ApiKey.API_VERSIONS)
 SaslHandshakeRequest = request_class(ApiKey.SASL_HANDSHAKE)
-SaslAuthenticateRequest = request_class(SASL_AUTHENTICATE)
+SaslAuthenticateRequest = request_class(ApiKey.SASL_AUTHENTICATE)
 MetadataRequest = request_class(ApiKey.METADATA)
 
 
@@ -110,7 +110,7 @@ async def test_sasl_authenticate_is_tracked_with_ids_rewritten(mechanism, versio
             )
             ranges = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
             assert ranges[ApiKey.SASL_HANDSHAKE] == (0, 1)
-            assert ranges[SASL_AUTHENTICATE] == (0, 2)
+            assert ranges[ApiKey.SASL_AUTHENTICATE] == (0, 2)
             await authenticate_v1(client, mechanism, version)
             metadata = await client.call(metadata_request())
             await client.aclose()
@@ -121,11 +121,11 @@ async def test_sasl_authenticate_is_tracked_with_ids_rewritten(mechanism, versio
     assert broker.sasl_violations == []
     rounds = 1 if mechanism == "PLAIN" else 2
     expected_keys = (
-        [ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE] + [SASL_AUTHENTICATE] * rounds + [ApiKey.METADATA]
+        [ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE] + [ApiKey.SASL_AUTHENTICATE] * rounds + [ApiKey.METADATA]
     )
     requests = connection.requests
     assert [r.api_key for r in requests] == expected_keys
-    assert all(r.api_version == version for r in requests if r.api_key == SASL_AUTHENTICATE)
+    assert all(r.api_version == version for r in requests if r.api_key == ApiKey.SASL_AUTHENTICATE)
     # The broker saw corrfix's own ids, 0, 1, 2, ...; the client got its ids (70000, 70007, ...)
     # back, which RawClient.call checked on every answer.
     assert [r.correlation_id for r in requests] == list(range(len(expected_keys)))
@@ -187,7 +187,7 @@ async def test_sasl_v0_tokens_pass_untouched_without_probes_then_tracking_resume
             await probe.aclose()
             ranges = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
             assert ranges[ApiKey.SASL_HANDSHAKE] == (0, 0)
-            assert SASL_AUTHENTICATE not in ranges
+            assert ApiKey.SASL_AUTHENTICATE not in ranges
 
             client = await RawClient.connect(stack.port, first_id=500)
             sent, received = await exchange_v0(client, mechanism)
