@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -24,6 +25,9 @@ from corrfix.proxy import (
     defaults_from_toml,
     tls_config_from_args,
 )
+from corrfix.proxy._config_env import ENV_PREFIX, defaults_from_env
+from corrfix.proxy._config_file import check_toml
+from corrfix.proxy._config_sources import given_on_command_line, render_effective, setting_sources
 
 log = structlog.get_logger("corrfix")
 DRAIN_TIMEOUT = 30.0
@@ -50,7 +54,14 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "--config",
         type=Path,
         metavar="FILE",
-        help="TOML file of these settings (long option names as keys); flags override it",
+        help="TOML file of these settings (long option names as keys); flags and CORRFIX_ "
+        "variables override it (default: $CORRFIX_CONFIG)",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings as TOML, each with where it came from (flag, "
+        "CORRFIX_ variable, --config file or default), and exit",
     )
     p.add_argument("--listen", type=Address.parse, metavar="HOST:PORT", help="where clients connect")
     p.add_argument("--upstream", type=Address.parse, metavar="HOST:PORT", help="the bootstrap broker")
@@ -317,20 +328,76 @@ async def run_until_signalled(
 
 
 def _with_config_file(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    environ: Mapping[str, str] | None = None,
 ) -> argparse.Namespace:
-    """Re-parse with the config file's settings as defaults, so flags override the file."""
+    """Re-parse with the file's, then the environment's settings as defaults, so that a flag
+    beats a ``CORRFIX_`` variable, which beats the file; ``args.setting_sources`` says which won."""
     proxy_parser = parser._proxy_parser  # type: ignore[attr-defined]
-    if args.config is not None:
-        try:
-            proxy_parser.set_defaults(**defaults_from_toml(proxy_parser, args.config))
-        except ConfigError as exc:
-            parser.exit(2, f"corrfix proxy: {exc}\n")
-        args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = args.config
+    if config is None and environ.get(CONFIG_VARIABLE):
+        config = Path(environ[CONFIG_VARIABLE])
+    try:
+        env_defaults, env_sources = defaults_from_env(proxy_parser, environ)
+        file_defaults = defaults_from_toml(proxy_parser, config) if config is not None else {}
+    except ConfigError as exc:
+        parser.exit(2, f"corrfix proxy: {exc}\n")
+    flags = given_on_command_line(parser, proxy_parser, argv)
+    proxy_parser.set_defaults(**file_defaults)
+    proxy_parser.set_defaults(**env_defaults)
+    args = parser.parse_args(argv)
+    args.config = config
+    args.setting_sources = setting_sources(proxy_parser, flags, env_sources, config, set(file_defaults))
+    if args.print_config:
+        sys.stdout.write(render_effective(proxy_parser, args, args.setting_sources))
     for name in ("listen", "upstream"):
         if getattr(args, name) is None:
-            proxy_parser.error(f"--{name} is required (on the command line or in --config)")
+            proxy_parser.error(
+                f"--{name} is required (on the command line, as {ENV_PREFIX}{name.upper()} or in --config)"
+            )
     return args
+
+
+CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
+
+
+def _add_check_config_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "check-config",
+        help="validate a corrfix proxy TOML file without starting",
+        description="Check every key and value of a `corrfix proxy --config` file: an unknown key "
+        "is an error naming the nearest valid one. Exit status 0 when valid, 1 when not.",
+    )
+    p.add_argument("file", type=Path, metavar="FILE")
+    _add_common(p)
+    p.set_defaults(run=_run_check_config)
+
+
+def _run_check_config(args: argparse.Namespace) -> int:
+    proxy_parser = build_parser()._proxy_parser  # type: ignore[attr-defined]
+    try:
+        defaults, errors = check_toml(proxy_parser, args.file)
+    except ConfigError as exc:
+        errors, defaults = [str(exc)], {}
+    if not errors and defaults.get("listen") and defaults.get("upstream"):
+        proxy_parser.set_defaults(**defaults)
+        settings = proxy_parser.parse_args([])
+        try:
+            proxy_config_from_args(settings)
+        except (ValueError, OSError) as exc:  # e.g. a TLS file that is missing or does not match
+            errors.append(f"{args.file}: {exc}")
+    if errors:
+        for error in errors:
+            print(error, file=sys.stderr)
+        return 1
+    missing = [f"--{name}" for name in ("listen", "upstream") if not defaults.get(name)]
+    note = f"; {' and '.join(missing)} to come from flags or {ENV_PREFIX} variables" if missing else ""
+    print(f"{args.file}: valid ({len(defaults)} settings{note})")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser._proxy_parser = _add_proxy_parser(subparsers)  # type: ignore[attr-defined]
+    _add_check_config_parser(subparsers)
     _add_chaos_parser(subparsers)
     _add_capture_parser(subparsers)
     _add_replay_parser(subparsers)
@@ -411,6 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "proxy":
         args = _with_config_file(parser, args, argv)
+        if args.print_config:
+            return 0
         args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(json=args.log_json, level=args.log_level)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,63 @@ def test_listen_and_upstream_are_still_required(capsys):
     with pytest.raises(SystemExit):
         parse("proxy", "--upstream", "h:1")
     assert "--listen is required" in capsys.readouterr().err
+
+
+def test_an_unknown_key_names_the_nearest_valid_one(tmp_path, capsys):
+    file = tmp_path / "c.toml"
+    file.write_text('listen = "h:1"\nupstream = "h:2"\nmax_conections = 5\n')
+    with pytest.raises(SystemExit):
+        parse("proxy", "--config", str(file))
+    assert "unknown setting 'max_conections' (did you mean 'max-connections'?)" in capsys.readouterr().err
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corrfix", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_config_accepts_the_documented_example_without_starting():
+    result = check_config(EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{EXAMPLE}: valid (18 settings)"
+
+
+def test_check_config_lists_every_error_with_a_suggestion(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text(
+        '[proxy]\nlisten = "h:1"\nupstream = "h:2"\n'
+        'probe-aftr = 1\nproduce-policy = "sometimes"\ncolour = "red"\n'
+    )
+    result = check_config(file)
+    assert result.returncode == 1
+    errors = result.stderr.strip().splitlines()
+    assert errors == [
+        f"{file}: unknown setting 'probe-aftr' (did you mean 'probe-after'?)",
+        f"{file}: produce-policy must be one of ['disconnect', 'requeue']",
+        f"{file}: unknown setting 'colour'",
+    ]
+
+
+def test_check_config_checks_what_only_starting_would_check(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text(f'listen = "h:1"\nupstream = "h:2"\ntls-cert = "{tmp_path / "missing.pem"}"\n')
+    result = check_config(file)
+    assert result.returncode == 1
+    assert "--tls-cert" in result.stderr and "missing.pem" in result.stderr
+
+
+def test_check_config_accepts_a_partial_file_and_says_what_must_come_from_elsewhere(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text("probe-after = 0.5\n")
+    result = check_config(file)
+    assert result.returncode == 0
+    assert "--listen and --upstream to come from flags or CORRFIX_ variables" in result.stdout
+
+
+def test_check_config_reports_an_unreadable_file(tmp_path):
+    result = check_config(tmp_path / "absent.toml")
+    assert result.returncode == 1 and "cannot read config" in result.stderr

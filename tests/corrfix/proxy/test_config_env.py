@@ -1,0 +1,172 @@
+"""Settings from CORRFIX_ variables: every long option has one; flag > env > file > default."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
+from corrfix.core import Address
+from corrfix.proxy._config_env import env_name, env_variables, long_option
+from corrfix.proxy._config_file import settable_actions
+
+
+def parse(*argv: str, env: dict[str, str] | None = None):
+    parser = build_parser()
+    return _with_config_file(parser, parser.parse_args(list(argv)), list(argv), env or {})
+
+
+def proxy_parser() -> argparse.ArgumentParser:
+    return build_parser()._proxy_parser
+
+
+def test_every_long_option_of_the_proxy_has_a_variable():
+    variables = env_variables(proxy_parser())
+    options = {long_option(action) for action in settable_actions(proxy_parser()).values()}
+    assert {env_name(option) for option in options} == set(variables)
+    for expected in (
+        "CORRFIX_LISTEN",
+        "CORRFIX_UPSTREAM",
+        "CORRFIX_PROBE_AFTER",
+        "CORRFIX_NO_CLIENT_COMPAT",
+        "CORRFIX_BROKER_PORT",
+        "CORRFIX_CAPTURE_DIR",
+        "CORRFIX_UPSTREAM_NO_CHECK_HOSTNAME",
+        "CORRFIX_LOG_JSON",
+        "CORRFIX_METRICS",
+        "CORRFIX_DRAIN_TIMEOUT",
+    ):
+        assert expected in variables
+    assert "CORRFIX_HELP" not in variables and "CORRFIX_REUSE_PORT" not in variables
+
+
+def test_variables_give_every_kind_of_setting():
+    env = {
+        "CORRFIX_LISTEN": "127.0.0.1:1",
+        "CORRFIX_UPSTREAM": "broker:9092",
+        "CORRFIX_PROBE_AFTER": "0.5",
+        "CORRFIX_MAX_REQUEUES": "7",
+        "CORRFIX_PRODUCE_POLICY": "disconnect",
+        "CORRFIX_NO_CLIENT_COMPAT": "yes",
+        "CORRFIX_BROKER_PORT": "1=9001, 2=9002",
+        "CORRFIX_LOG_JSON": "on",
+        "CORRFIX_CAPTURE_QUEUE_BYTES": "1M",
+    }
+    args = parse("proxy", env=env)
+    config = proxy_config_from_args(args)
+    assert config.listen == Address("127.0.0.1", 1) and config.upstream == Address("broker", 9092)
+    assert config.repair.probe_after == 0.5 and config.repair.max_requeues == 7
+    assert config.repair.produce_policy == "disconnect"
+    assert config.repair.client_compat is False
+    assert config.broker_ports.fixed_port(2) == 9002
+    assert args.log_json is True and args.capture_queue_bytes == 1024 * 1024
+    assert args.setting_sources["probe_after"] == "env CORRFIX_PROBE_AFTER"
+    assert args.setting_sources["max_held_bytes"] == "default"
+
+
+def test_a_false_switch_variable_leaves_the_switch_off():
+    args = parse("proxy", env={"CORRFIX_LISTEN": ":1", "CORRFIX_UPSTREAM": "h:2", "CORRFIX_NO_REWRITE": "0"})
+    assert args.rewrite is True
+
+
+def test_flag_beats_variable_beats_file_beats_default(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text(
+        'listen = "127.0.0.1:1"\nupstream = "h:2"\nprobe-after = 0.5\nprobe-min = 0.05\nmax-requeues = 9\n'
+    )
+    env = {"CORRFIX_CONFIG": str(file), "CORRFIX_PROBE_AFTER": "0.25", "CORRFIX_PROBE_MIN": "0.01"}
+    args = parse("proxy", "--probe-after", "0.125", env=env)
+    assert args.probe_after == 0.125  # flag over variable and file
+    assert args.probe_min == 0.01  # variable over file
+    assert args.max_requeues == 9  # file over default
+    assert args.request_deadline == 300  # default
+    sources = args.setting_sources
+    assert sources["probe_after"] == "flag --probe-after"
+    assert sources["probe_min"] == "env CORRFIX_PROBE_MIN"
+    assert sources["max_requeues"] == f"file {file}"
+    assert sources["request_deadline"] == "default"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CORRFIX_PROBE_AFTER": "soon"}, "CORRFIX_PROBE_AFTER = 'soon'"),
+        ({"CORRFIX_LOG_JSON": "maybe"}, "CORRFIX_LOG_JSON='maybe': expected 1, true"),
+        ({"CORRFIX_PRODUCE_POLICY": "sometimes"}, "CORRFIX_PRODUCE_POLICY must be one of"),
+        ({"CORRFIX_LISTEN": "nonsense"}, "HOST:PORT"),
+    ],
+)
+def test_a_bad_variable_is_a_clear_error(capsys, env, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse("proxy", "--listen", ":1", "--upstream", "h:2", env=env)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_other_corrfix_variables_are_not_settings():
+    args = parse("proxy", "--listen", ":1", "--upstream", "h:2", env={"CORRFIX_REQUIRE_TSHARK": "1"})
+    assert args.setting_sources["listen"] == "flag --listen"
+
+
+def test_print_config_shows_each_setting_and_its_source_as_toml_that_reads_back(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text('[proxy]\nlisten = "127.0.0.1:19092"\nupstream = "h:9092"\nmax-requeues = 9\n')
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CORRFIX_PROBE_AFTER": "0.25",
+        "CORRFIX_BROKER_PORT": "3=19003",
+        "CORRFIX_NO_CLIENT_COMPAT": "true",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corrfix",
+            "proxy",
+            "--config",
+            str(file),
+            "--probe-min",
+            "0.5",
+            "--print-config",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    lines = {line.split(" = ")[0]: line for line in result.stdout.splitlines() if " = " in line}
+    assert lines["probe-after"] == "probe-after = 0.25  # env CORRFIX_PROBE_AFTER"
+    assert lines["probe-min"] == "probe-min = 0.5  # flag --probe-min; env CORRFIX_PROBE_MIN"
+    assert lines["max-requeues"] == f"max-requeues = 9  # file {file}; env CORRFIX_MAX_REQUEUES"
+    assert lines["request-deadline"].endswith("# default; env CORRFIX_REQUEST_DEADLINE")
+    assert "# metrics is not set  # default; env CORRFIX_METRICS" in result.stdout
+    # The output is itself a config file that gives the same settings.
+    printed = tmp_path / "printed.toml"
+    printed.write_text(result.stdout)
+    settings = tomllib.loads(result.stdout)["proxy"]
+    assert settings["broker-port"] == ["3=19003"] and settings["client-compat"] is False
+    again = parse("proxy", "--config", str(printed))
+    assert proxy_config_from_args(again) == proxy_config_from_args(
+        parse(
+            "proxy",
+            "--config",
+            str(file),
+            "--probe-min",
+            "0.5",
+            env={k: v for k, v in env.items() if k != "PATH"},
+        )
+    )
+
+
+def test_print_config_still_says_what_is_missing(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse("proxy", "--print-config", env={"CORRFIX_UPSTREAM": "h:2"})
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "# listen is not set" in captured.out
+    assert "--listen is required (on the command line, as CORRFIX_LISTEN or in --config)" in captured.err
