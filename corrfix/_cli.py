@@ -9,25 +9,38 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
 
+from corrfix import _argtypes as argtypes
 from corrfix.core import Address, BrokerPorts, RepairConfig
 from corrfix.proxy import (
+    DEFAULT_READY_INTERVAL,
+    DEFAULT_READY_STALE,
+    ENV_PREFIX,
     ConfigError,
     ListenError,
     Proxy,
     ProxyConfig,
     ProxyMetrics,
+    ProxyService,
     add_tls_arguments,
+    check_toml,
     configure_logging,
+    defaults_from_env,
     defaults_from_toml,
+    given_on_command_line,
+    open_admin,
+    render_effective,
+    reopen_log_file,
+    setting_sources,
     tls_config_from_args,
 )
-from corrfix.proxy._config_env import ENV_PREFIX, defaults_from_env
-from corrfix.proxy._config_file import check_toml
-from corrfix.proxy._config_sources import given_on_command_line, render_effective, setting_sources
+
+if TYPE_CHECKING:
+    from corrfix.capture._writer import CaptureWriter
 
 log = structlog.get_logger("corrfix")
 DRAIN_TIMEOUT = 30.0
@@ -152,7 +165,33 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="relay bytes only: do not rewrite broker addresses nor cap ApiVersions",
     )
     p.add_argument(
-        "--metrics", type=Address.parse, metavar="HOST:PORT", help="serve Prometheus metrics at /metrics"
+        "--metrics",
+        type=Address.parse,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at /metrics, and /livez and /readyz",
+    )
+    health = p.add_argument_group("health (/livez, /readyz)")
+    health.add_argument(
+        "--admin",
+        type=Address.parse,
+        metavar="HOST:PORT",
+        help="serve /livez and /readyz here (they are served on --metrics too)",
+    )
+    health.add_argument(
+        "--ready-interval",
+        type=argtypes.positive,
+        default=DEFAULT_READY_INTERVAL,
+        metavar="SECONDS",
+        help="how often each upstream gets an ApiVersions request for /readyz "
+        f"(default {DEFAULT_READY_INTERVAL:g})",
+    )
+    health.add_argument(
+        "--ready-stale",
+        type=argtypes.positive,
+        default=DEFAULT_READY_STALE,
+        metavar="SECONDS",
+        help="/readyz fails when an upstream's last ApiVersions answer is older than this "
+        f"(default {DEFAULT_READY_STALE:g})",
     )
     p.add_argument(
         "--workers",
@@ -163,6 +202,14 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "one of them and --metrics sums them all (default 1)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-engine",
+        dest="engine",
+        action="store_false",
+        help="relay every connection with tasks of its own instead of the relay engine (one epoll "
+        "set and one task for every plaintext connection); TLS connections always use tasks "
+        "(in --config: engine = false)",
+    )
     limits = p.add_argument_group("limits")
     limits.add_argument(
         "--max-connections",
@@ -216,6 +263,12 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     add_capture_arguments(p)
     add_tls_arguments(p)
     _add_common(p)
+    p.add_argument(
+        "--log-file",
+        type=Path,
+        metavar="FILE",
+        help="log to FILE instead of stderr; SIGHUP re-opens it (and starts new capture files)",
+    )
     p.set_defaults(run=_run_proxy)
     return p
 
@@ -246,6 +299,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         advertised_host=args.advertised_host,
         broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
         tls=tls_config_from_args(args),
+        engine=args.engine,
     )
 
 
@@ -262,22 +316,28 @@ def _run_proxy(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from corrfix.proxy._workers import run_workers
 
-        return run_workers(args.raw_argv[1:], args.workers, args.metrics)
+        return run_workers(args.raw_argv[1:], args.workers, args.metrics, admin=args.admin)
 
     metrics = ProxyMetrics() if args.metrics else None
     try:
         writer = capture_writer_from_args(args)
         proxy = Proxy(proxy_config_from_args(args), observer=writer, metrics=metrics)
-        if metrics is not None:
-            metrics.serve(args.metrics)
+        service = ProxyService.build(
+            proxy,
+            ready_interval=args.ready_interval,
+            ready_stale=args.ready_stale,
+            checked=bool(args.metrics or args.admin),
+            reopen=functools.partial(_reopen_files, writer),
+        )
+        open_admin(service, metrics, args.metrics, args.admin, writer)
     except (ValueError, OSError) as exc:
         log.error("cannot start", error=str(exc))
         return 2
     if writer is not None:
         writer.start()
     try:
-        drain = functools.partial(proxy.drain, args.drain_timeout)
-        trio.run(functools.partial(run_until_signalled, proxy.serve, drain=drain))
+        drain = functools.partial(service.drain, args.drain_timeout)
+        trio.run(functools.partial(run_until_signalled, service.serve, drain=drain, reload=service.reload))
     except ExceptionGroup as group:
         cannot_listen, rest = group.split(ListenError)
         if cannot_listen is None:
@@ -293,6 +353,12 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reopen_files(writer: CaptureWriter | None) -> None:
+    reopen_log_file()
+    if writer is not None:
+        writer.reopen()
+
+
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first exception inside a (possibly nested) exception group."""
     first = group.exceptions[0]
@@ -300,12 +366,15 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 async def run_until_signalled(
-    main: Callable[[], Awaitable[object]], drain: Callable[[], None] | None = None
+    main: Callable[[], Awaitable[object]],
+    drain: Callable[[], None] | None = None,
+    reload: Callable[[], None] | None = None,
 ) -> None:
     """Run ``main`` until it returns or a signal stops it.
 
     With ``drain``, the first SIGTERM calls it and ``main`` is left to finish; SIGINT, or
-    SIGTERM without ``drain`` or a second time, cancels ``main`` at once.
+    SIGTERM without ``drain`` or a second time, cancels ``main`` at once. With ``reload``,
+    each SIGHUP calls it.
     """
     async with trio.open_nursery() as nursery:
 
@@ -314,9 +383,13 @@ async def run_until_signalled(
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(run_main)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        wanted = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if reload is not None else [])
+        with trio.open_signal_receiver(*wanted) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
+                if signum == signal.SIGHUP and reload is not None:
+                    reload()
+                    continue
                 if signum == signal.SIGTERM and drain is not None:
                     log.info("draining", signal=name)
                     drain()
@@ -482,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             return 0
         args.raw_argv = list(sys.argv[1:] if argv is None else argv)
-    configure_logging(json=args.log_json, level=args.log_level)
+    configure_logging(json=args.log_json, level=args.log_level, file=getattr(args, "log_file", None))
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

@@ -95,6 +95,7 @@ class CaptureWriter:
         self._progress = threading.Condition()
         self._processed = 0
         self._stopping = False
+        self._reopen = False
         self._ended = False
         self._error_logged = 0.0
 
@@ -130,6 +131,12 @@ class CaptureWriter:
         self._queue.wake.set()
         with self._progress:
             return self._progress.wait_for(lambda: self._processed >= target or self._ended, timeout)
+
+    def reopen(self) -> None:
+        """Finish the current file now: the next rows go to a new file, in a directory made
+        anew if it was moved away (SIGHUP, after a log rotation moved the capture)."""
+        self._reopen = True
+        self._queue.wake.set()
 
     def close(self) -> None:
         """Stop accepting rows, write what is queued, finish the files and the summary.
@@ -182,6 +189,11 @@ class CaptureWriter:
                 if rows:
                     self._write_rows(rows)
                 try:
+                    if self._reopen:
+                        self._reopen = False
+                        self._files.finish_file()
+                        self.directory.mkdir(parents=True, exist_ok=True)
+                        self._write_summary()
                     self._files.rotate_if_old()
                 except (OSError, pa.ArrowException) as exc:
                     self._files.abandon_file()

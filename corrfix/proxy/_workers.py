@@ -2,33 +2,44 @@
 
 The kernel spreads new connections over the workers, and a connection lives in one of
 them; nothing else about the proxy changes. This supervisor starts the workers, passes
-SIGTERM (drain) and SIGINT on to them, restarts a worker that dies on its own, and serves
-one ``/metrics`` that sums every worker's samples (counters, gauges and histogram buckets
-all add up across processes).
+SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker that dies
+on its own, and serves one ``/metrics`` that sums every worker's samples (counters, gauges
+and histogram buckets all add up across processes; ``_created`` times take the earliest).
+Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
+The workers' sd_notify messages come to the supervisor, which tells systemd ``READY=1``
+once every worker listens.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
-import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from corrfix._netutil import free_port
 from corrfix.core import Address
+from corrfix.proxy._admin import LIVEZ, READYZ, AdminApp, AdminServer
+from corrfix.proxy._health import Verdict
+from corrfix.proxy._systemd import NOTIFY_SOCKET, READY, STOPPING, NotifyReceiver, notify, reloading
 
 log = structlog.get_logger("corrfix.workers")
 MAX_RESTARTS = 10
 SCRAPE_TIMEOUT = 2.0
+POLL_INTERVAL = 0.2
+CREATED_SUFFIX = "_created"
 
 
 class SummedWorkerMetrics(Collector):
@@ -51,7 +62,10 @@ class SummedWorkerMetrics(Collector):
                 families.setdefault(family.name, family)
                 for sample in family.samples:
                     key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
-                    sums[key] = sums.get(key, 0.0) + sample.value
+                    if sample.name.endswith(CREATED_SUFFIX):  # a time: the earliest, not a sum
+                        sums[key] = min(sums.get(key, sample.value), sample.value)
+                    else:
+                        sums[key] = sums.get(key, 0.0) + sample.value
         for name, family in families.items():
             merged = Metric(name, family.documentation, family.type, family.unit)
             for (family_name, sample_name, labels), value in sums.items():
@@ -60,35 +74,120 @@ class SummedWorkerMetrics(Collector):
             yield merged
 
 
-def run_workers(argv: Sequence[str], workers: int, metrics: Address | None) -> int:
+class WorkersHealth:
+    """``/livez`` and ``/readyz`` of the supervisor: every worker's own answer, and the drain."""
+
+    def __init__(self, endpoints: Sequence[Address]) -> None:
+        self.endpoints = list(endpoints)
+        self.draining = False
+
+    def live(self) -> Verdict:
+        answers = self._ask(LIVEZ)
+        return Verdict(all(a["status"] == 200 for a in answers), {"live": answers})
+
+    def ready(self) -> Verdict:
+        if self.draining:
+            return Verdict(False, {"ready": False, "draining": True, "reasons": ["draining"]})
+        answers = self._ask(READYZ)
+        ok = all(a["status"] == 200 for a in answers)
+        return Verdict(ok, {"ready": ok, "draining": False, "workers": answers})
+
+    def _ask(self, path: str) -> list[dict[str, Any]]:
+        answers = []
+        for index, endpoint in enumerate(self.endpoints):
+            answer: dict[str, Any] = {"worker": index}
+            try:
+                with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=SCRAPE_TIMEOUT) as response:
+                    answer.update(status=response.status, detail=json.loads(response.read()))
+            except urllib.error.HTTPError as exc:
+                answer.update(status=exc.code, detail=json.loads(exc.read() or b"null"))
+            except (OSError, ValueError) as exc:
+                answer.update(status=None, error=f"no answer: {exc}")
+            answers.append(answer)
+        return answers
+
+
+class WorkerNotifications:
+    """The workers' sd_notify messages, so that the supervisor says READY=1 once they all listen."""
+
+    def __init__(self) -> None:
+        self._receiver = NotifyReceiver()
+        self._ready: set[int | None] = set()
+        self._announced = False
+
+    def worker_environment(self) -> dict[str, str]:
+        return {**os.environ, NOTIFY_SOCKET: self._receiver.path}
+
+    def wait_ready(self, timeout: float, pids: set[int]) -> bool:
+        """Wait up to ``timeout`` for messages; True once, when every one of ``pids`` is ready."""
+        for pid, lines in self._receiver.receive(timeout):
+            if READY in lines:
+                self._ready.add(pid)
+        if not self._announced and pids <= self._ready:
+            self._announced = True
+            return True
+        return False
+
+    def close(self) -> None:
+        self._receiver.close()
+
+
+def run_workers(
+    argv: Sequence[str], workers: int, metrics: Address | None, admin: Address | None = None
+) -> int:
     """Run ``corrfix proxy ARGV`` as ``workers`` processes until they all stop."""
-    endpoints = [Address("127.0.0.1", free_port()) for _ in range(workers)] if metrics else []
+    served = metrics is not None or admin is not None
+    endpoints = [Address("127.0.0.1", free_port()) for _ in range(workers)] if served else []
+    notifications = WorkerNotifications()
+    # A worker's own endpoint serves what the supervisor's does: metrics, or health alone.
+    endpoint_option = "--metrics" if metrics is not None else "--admin"
 
     def command(index: int) -> list[str]:
         extra = ["--workers", "1", "--reuse-port"]
         if endpoints:
-            extra += ["--metrics", str(endpoints[index])]
+            extra += [endpoint_option, str(endpoints[index])]
         return [sys.executable, "-m", "corrfix", "proxy", *argv, *extra]
 
-    processes = [subprocess.Popen(command(i)) for i in range(workers)]
+    def start(index: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(command(index), env=notifications.worker_environment())
+
+    health = WorkersHealth(endpoints)
+    try:
+        if metrics is not None:
+            registry = CollectorRegistry()
+            registry.register(SummedWorkerMetrics(endpoints))
+            AdminServer(metrics, AdminApp(health.live, health.ready, registry))
+        if admin is not None:
+            AdminServer(admin, AdminApp(health.live, health.ready))
+    except OSError as exc:
+        log.error("cannot start", error=str(exc))
+        notifications.close()
+        return 2
+    processes = [start(i) for i in range(workers)]
     log.info("workers started", workers=workers, pids=[p.pid for p in processes])
-    if metrics is not None:
-        registry = CollectorRegistry()
-        registry.register(SummedWorkerMetrics(endpoints))
-        start_http_server(metrics.port, addr=metrics.host, registry=registry)
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
-        stopping = True
+        if signum == signal.SIGHUP:
+            notify(reloading())
+        else:
+            stopping = True
+            health.draining = True
+            notify(STOPPING)
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signum)
+        if signum == signal.SIGHUP:
+            notify(READY)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)
     restarts = 0
     while True:
+        if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
+            notify(READY)  # every worker listens
         alive = [p for p in processes if p.poll() is None]
         if not alive and stopping:
             break
@@ -102,8 +201,8 @@ def run_workers(argv: Sequence[str], workers: int, metrics: Address | None) -> i
                 break
             restarts += 1
             log.warning("worker exited, restarting", worker=index, returncode=rc)
-            processes[index] = subprocess.Popen(command(index))
-        time.sleep(0.2)
+            processes[index] = start(index)
+    notifications.close()
     codes = [p.returncode for p in processes]
     log.info("workers stopped", returncodes=codes)
     return max((abs(code) for code in codes if code), default=0)
