@@ -1,0 +1,137 @@
+"""/livez, /readyz and /metrics of a real ``corrfix proxy`` process, while Tansu is up,
+stopped, restarted, and while the proxy drains; and of ``--workers``."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from corrfix._netutil import free_port
+from corrfix.lab import CorrfixProcess, workload
+from tests.support.health import held_fetch, probe, wait_for, wait_for_status
+
+pytestmark = pytest.mark.broker
+
+
+def proxy_args(port: int, upstream: str, *extra: str) -> list[str]:
+    return [
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--upstream",
+        upstream,
+        "--ready-interval",
+        "0.1",
+        "--ready-stale",
+        "0.5",
+        *extra,
+    ]
+
+
+def test_probes_follow_tansu_up_stopped_restarted_and_the_drain(tansu_factory, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    broker = tansu_factory(advertised_port=port)
+    base = f"http://127.0.0.1:{metrics_port}"
+    args = proxy_args(
+        port, broker.bootstrap, "--metrics", f"127.0.0.1:{metrics_port}", "--drain-timeout", "20"
+    )
+    with CorrfixProcess(args, port, tmp_path / "p.log") as proxy:
+        assert wait_for_status(f"{base}/readyz", 200)["upstreams"][0]["upstream"] == broker.bootstrap
+        assert probe(f"{base}/livez") == (200, {"live": True})
+        scraped = scrape(base)
+        assert f'corrfix_upstream_up{{upstream="{broker.bootstrap}"}} 1.0' in scraped
+        assert "corrfix_ready 1.0" in scraped and "corrfix_connections_max 10000.0" in scraped
+
+        broker.stop()
+        body = wait_for_status(f"{base}/readyz", 503)
+        (reason,) = body["reasons"]
+        assert reason.startswith(f"{broker.bootstrap}: no ApiVersions answer for ")
+        assert "Connection refused" in reason
+        assert probe(f"{base}/livez")[0] == 200
+        assert f'corrfix_upstream_up{{upstream="{broker.bootstrap}"}} 0.0' in scrape(base)
+
+        broker = tansu_factory(advertised_port=port, port=broker.port)
+        wait_for_status(f"{base}/readyz", 200)
+
+        # A Fetch that Tansu holds for 3 s keeps the drain going: meanwhile, not ready, still live.
+        workload.create_topic(f"127.0.0.1:{port}", "idle")
+        with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
+            wait_for_outstanding(base)
+            proxy._proc.send_signal(signal.SIGTERM)
+            body = wait_for_status(f"{base}/readyz", 503, timeout=2)
+            assert body["draining"] is True
+            assert body["reasons"][0] == "draining: the proxy takes no new connections"
+            assert probe(f"{base}/livez")[0] == 200
+            assert proxy._proc.poll() is None  # still draining
+            assert len(client.recv(1 << 16)) > 8  # the Fetch answer was still delivered
+        assert proxy._proc.wait(20) == 0
+    events = [record["event"] for record in proxy.records()]
+    assert events.count("upstream check failed") == 1 and "upstream answers again" in events
+
+
+def wait_for_outstanding(base: str) -> None:
+    """Until the proxy has read the held Fetch and awaits its answer."""
+    wait_for(lambda: "corrfix_outstanding_requests 1.0" in scrape(base), 10, "the Fetch to be outstanding")
+
+
+def scrape(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def test_admin_serves_health_without_metrics(tansu, tmp_path):
+    port, admin_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{admin_port}"
+    args = proxy_args(port, tansu.bootstrap, "--admin", f"127.0.0.1:{admin_port}")
+    with CorrfixProcess(args, port, tmp_path / "a.log"):
+        wait_for_status(f"{base}/readyz", 200)
+        assert probe(f"{base}/livez") == (200, {"live": True})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{base}/metrics", timeout=5)
+        assert info.value.code == 404 and info.value.read() == b"try /livez /readyz\n"
+
+
+def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{metrics_port}"
+    args = proxy_args(port, tansu.bootstrap, "--workers", "2", "--metrics", f"127.0.0.1:{metrics_port}")
+    with CorrfixProcess(args, port, tmp_path / "w.log") as proxy:
+        body = wait_for_status(f"{base}/readyz", 200)
+        assert [worker["status"] for worker in body["workers"]] == [200, 200]
+        assert body["workers"][0]["detail"]["upstreams"][0]["upstream"] == tansu.bootstrap
+        live = probe(f"{base}/livez")
+        assert live[0] == 200 and [w["status"] for w in live[1]["live"]] == [200, 200]
+        assert "corrfix_ready 2.0" in scrape(base)  # summed over the workers
+        workload.create_topic(f"127.0.0.1:{port}", "idle")
+        with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
+            wait_for_outstanding(base)
+            proxy._proc.send_signal(signal.SIGTERM)
+            assert wait_for_status(f"{base}/readyz", 503, timeout=2)["draining"] is True
+            assert len(client.recv(1 << 16)) > 8
+        assert proxy._proc.wait(20) == 0
+
+
+def test_a_metrics_port_in_use_stops_the_workers_before_they_start():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "corrfix",
+                *proxy_args(free_port(), "h:1", "--workers", "2"),
+                "--metrics",
+                f"127.0.0.1:{busy}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert "cannot start" in result.stderr and "workers started" not in result.stderr
