@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from corrfix.core import Address
+from corrfix.core import Address, RepairKind
 from protocol import api_name
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -38,6 +38,8 @@ class ProxyMetrics:
         self.repairs = Counter(
             "corrfix_repairs", "Repair events, by kind (see docs/repair.md)", ["kind"], registry=r
         )
+        for kind in RepairKind:  # every kind from 0, so that rate() and alerts see the first one
+            self.repairs.labels(kind.value)
         self.connections_opened = Counter(
             "corrfix_connections_opened", "Client connections accepted", registry=r
         )
