@@ -21,7 +21,8 @@
 //
 // stdout carries JSON lines only: events ({"event": ...}: `hold`, and `disconnected` right
 // after producer.disconnect() returns), then the summary as the last line. KafkaJS's own
-// log (warn and up) goes to stderr. The exit code is 0 unless the client threw.
+// log (warn and up) goes to stderr. The exit code is 0 unless the client threw; then the
+// process ends at once.
 
 'use strict'
 
@@ -276,8 +277,11 @@ async function main() {
   process.stdout.write(`${JSON.stringify(summary)}\n`)
 }
 
+// After an error the client may still hold sockets and retry timers (a failed connect() does
+// not undo itself): the process ends once the error line is written, not when they let go.
 main().catch((error) => {
   process.stderr.write(`${error && error.stack ? error.stack : error}\n`)
-  process.stdout.write(`${JSON.stringify({ error: String((error && error.message) || error) })}\n`)
-  process.exitCode = 1
+  process.stdout.write(`${JSON.stringify({ error: String((error && error.message) || error) })}\n`, () =>
+    process.exit(1)
+  )
 })
