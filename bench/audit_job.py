@@ -33,7 +33,7 @@ def _floor(spark: object, path: str) -> int:
     """Rows read by one pass over the capture's header columns (the floor's timed work)."""
     from pyspark.sql import functions as F
 
-    from spark_audit.load import load_capture
+    from spark_audit.source import load_capture
 
     [row] = load_capture(spark, path, FLOOR_COLUMNS).agg(F.count("*"), F.sum("seq")).collect()
     return row[0]
@@ -48,8 +48,7 @@ def _seconds(run: Callable[[], object]) -> float:
 def main() -> int:
     path = sys.argv[1]
     try:
-        from spark_audit.job import AuditOptions, run_audit
-        from spark_audit.session import get_session
+        from spark_audit import AuditOptions, get_session, run_audit
     except ImportError as exc:
         print(json.dumps({"error": f"spark_audit is not importable: {exc}"}))
         return 3

@@ -121,7 +121,7 @@ def best_rate(run: Callable[[], object], rows: int) -> float:
 
 def _register(spark: SparkSession, capture: Path, rows: int) -> StructType:
     """Register the synthetic source for ``rows`` rows; its schema."""
-    from spark_audit.schema import arrow_schema, spark_schema
+    from spark_audit.source import arrow_schema, spark_schema
 
     struct = spark_schema(HEADER_COLUMNS)
     spark.dataSource.register(_repeating_source(sample_batch(capture, arrow_schema(struct)), struct, rows))

@@ -491,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_audit_parser(subparsers: argparse._SubParsersAction) -> None:
-    from spark_audit.cli import register_command  # pyspark itself is imported only when it runs
+    from spark_audit import register_command  # pyspark itself is imported only when it runs
 
     _add_common(register_command(subparsers))
 

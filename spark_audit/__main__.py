@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 if not __package__:
-    # Run as a file, this directory is sys.path[0], and its modules (report, schema, ...)
-    # would shadow top-level ones of the same name; import them through the package only.
+    # Run as a file, this directory is sys.path[0], and its packages (source, decode, report,
+    # ...) would shadow top-level ones of the same name; import them through the package only.
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
-from spark_audit.cli import main
+from spark_audit import main
 
 if __name__ == "__main__":
     sys.exit(main())

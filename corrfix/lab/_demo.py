@@ -123,7 +123,7 @@ def audit_capture(capture: Path, report: Path) -> None:
         print(f"\ncorrfix captured both runs through it in {capture}. To audit the capture:")
         print(f"  pip install 'corrfix[audit]'   # pyspark and pandas<3; Spark needs Java 17+\n  {command}")
         return
-    from spark_audit.cli import main as audit
+    from spark_audit import main as audit
 
     print(f"\nAuditing corrfix's capture with Spark in local mode: {command}", flush=True)
     if audit([str(capture), "-o", str(report)]) != 0:

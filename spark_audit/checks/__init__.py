@@ -1,6 +1,41 @@
-"""The audit's checks: each a plain DataFrame transformation, testable on its own.
+"""The audit's checks: each a plain DataFrame transformation, testable on its own, in a
+module named after the check (``_upstream_ordering``, ``_client_view``, ``_latency``,
+``_storms``, ``_offsets``, ``_produce``).
 
-Check modules take capture headers (:func:`spark_audit.load.load_headers`) or decoded facts
-(:func:`spark_audit.facts.decode_facts`) and return result DataFrames; turning those into
-report findings is :mod:`spark_audit.findings`' job.
+The header checks take capture headers (:func:`spark_audit.source.load_headers`) and share
+the pairing of requests with their answers (``_pairing``); the body checks take decoded
+facts (:func:`spark_audit.decode.decode_facts`). They return result DataFrames; turning
+those into report findings is :mod:`spark_audit.report`'s job.
 """
+
+from __future__ import annotations
+
+from ._client_view import client_pairs, client_view
+from ._latency import latencies, latency_by_api, latency_by_window, slow_requests
+from ._offsets import offset_losses
+from ._produce import attempts, duplicate_batches, sequence_problems
+from ._storms import CATEGORIES, GROUP_ACTIVITY, error_storms, leader_changes, rebalances
+from ._upstream_ordering import upstream_pairs, upstream_skips, upstream_strays
+from ._windows import window_start
+
+__all__ = [
+    "CATEGORIES",
+    "GROUP_ACTIVITY",
+    "attempts",
+    "client_pairs",
+    "client_view",
+    "duplicate_batches",
+    "error_storms",
+    "latencies",
+    "latency_by_api",
+    "latency_by_window",
+    "leader_changes",
+    "offset_losses",
+    "rebalances",
+    "sequence_problems",
+    "slow_requests",
+    "upstream_pairs",
+    "upstream_skips",
+    "upstream_strays",
+    "window_start",
+]

@@ -16,8 +16,8 @@ pyspark = pytest.importorskip("pyspark", reason="the audit extra is not installe
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from spark_audit.job import AuditOptions, run_audit  # noqa: E402
-from spark_audit.load import register  # noqa: E402
+from spark_audit import AuditOptions, run_audit  # noqa: E402
+from spark_audit.source import register  # noqa: E402
 from tests.support.audit_builders import (  # noqa: E402
     WIRE_CAPTURE,
     produce_answer,

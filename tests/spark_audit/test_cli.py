@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from spark_audit.cli import main, register_command
+from spark_audit import main, register_command
 
 
 def test_writes_both_reports_and_fails_on_errors(spark, small_capture, tmp_path, capsys):

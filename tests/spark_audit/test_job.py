@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_audit import CHECKS
-from spark_audit.job import AuditOptions, run_audit
+from spark_audit import CHECKS, AuditOptions, run_audit
 from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE
 
 

@@ -12,12 +12,10 @@ from corrfix.capture import read_capture
 from corrfix.chaos import ChaosRules
 from corrfix.lab import workload
 from protocol import ApiKey
-from spark_audit.checks.client_view import client_view
-from spark_audit.checks.offsets import offset_losses
-from spark_audit.checks.upstream import upstream_skips
-from spark_audit.facts import decode_facts
-from spark_audit.job import AuditOptions, run_audit
-from spark_audit.load import load_capture, load_headers
+from spark_audit import AuditOptions, run_audit
+from spark_audit.checks import client_view, offset_losses, upstream_skips
+from spark_audit.decode import decode_facts
+from spark_audit.source import load_capture, load_headers
 from tests.support.audit_scenarios import (
     acks0_produce,
     group_life,

@@ -10,12 +10,12 @@ from typing import Any
 import pyarrow as pa
 from kafka.record.memory_records import MemoryRecordsBuilder
 from pyspark.sql import DataFrame, SparkSession
-from spark_audit.facts import FACT_SCHEMA, FACT_SPARK_SCHEMA
-from spark_audit.schema import CAPTURE_SPARK_SCHEMA
 
 from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
 from protocol import ApiKey, request_class, response_class
 from protocol.testing import encode_request, encode_response
+from spark_audit.decode import FACT_SCHEMA, FACT_SPARK_SCHEMA
+from spark_audit.source import CAPTURE_SPARK_SCHEMA
 
 CAPTURE = "cafe" * 8
 WIRE_CAPTURE = "beef" * 8

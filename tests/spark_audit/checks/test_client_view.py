@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks.client_view import client_view
+from spark_audit.checks import client_view
 from tests.support.audit_builders import CAPTURE, MS
 
 

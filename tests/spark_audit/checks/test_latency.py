@@ -6,8 +6,7 @@ import pytest
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks.client_view import client_pairs
-from spark_audit.checks.latency import latencies, latency_by_api, latency_by_window, slow_requests
+from spark_audit.checks import client_pairs, latencies, latency_by_api, latency_by_window, slow_requests
 from tests.support.audit_builders import CAPTURE, MS, capture_df, req, resp
 
 # Metadata requests answered after 1, 2, 3, 4 and 50 ms; ApiVersions after 1 ms; the second

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks.produce import attempts, duplicate_batches, sequence_problems
+from spark_audit.checks import attempts, duplicate_batches, sequence_problems
 from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
 

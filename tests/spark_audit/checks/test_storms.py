@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks.storms import error_storms, leader_changes, rebalances
+from spark_audit.checks import error_storms, leader_changes, rebalances
 from tests.support.audit_builders import MS, fact, facts_df
 
 S = 1000  # ms

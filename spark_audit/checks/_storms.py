@@ -1,0 +1,135 @@
+"""Check 4, error storms per time window, from the broker-side answers' error codes.
+
+- ``leader_election``: NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, plus leader changes
+  (epoch or leader id) seen in Metadata answers;
+- ``rebalance``: REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
+- ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
+- ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
+
+A window is a storm when its errors plus leader changes reach ``threshold``. Rebalances
+are also counted per consumer group and window: JoinGroup, SyncGroup and LeaveGroup
+requests, and the generations the JoinGroup answers handed out.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from protocol import ApiKey
+from spark_audit.checks._windows import window_start
+
+CATEGORIES: dict[str, tuple[int, ...]] = {
+    "leader_election": (5, 6),
+    "rebalance": (22, 25, 27),
+    "isr_shrink": (19, 20),
+    "coordinator_move": (15, 16),
+}
+GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT)
+_JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
+GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0"
+"""Rebalance windows worth reporting: heartbeats alone are a group at rest."""
+
+
+def _category():  # noqa: ANN202 - a Column
+    column = F.lit(None).cast("string")
+    for name, codes in reversed(CATEGORIES.items()):
+        column = F.when(F.col("error_code").isin(*codes), name).otherwise(column)
+    return column
+
+
+def leader_changes(facts: DataFrame) -> DataFrame:
+    """Each partition's leader changes, in the order first seen by any client:
+    ``topic, partition, wall_ns, from_leader, to_leader, from_epoch, to_epoch``."""
+    leaders = facts.filter(
+        (F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0)
+    )
+    seen = leaders.groupBy("topic", "partition", "leader_epoch", "leader_id").agg(
+        F.min("wall_ns").alias("wall_ns")
+    )
+    order = Window.partitionBy("topic", "partition").orderBy("wall_ns", "leader_epoch", "leader_id")
+    with_prev = seen.select(
+        "*",
+        F.lag("leader_id").over(order).alias("from_leader"),
+        F.lag("leader_epoch").over(order).alias("from_epoch"),
+    )
+    return with_prev.filter(F.col("from_leader").isNotNull()).select(
+        "topic",
+        "partition",
+        "wall_ns",
+        "from_leader",
+        F.col("leader_id").alias("to_leader"),
+        "from_epoch",
+        F.col("leader_epoch").alias("to_epoch"),
+    )
+
+
+def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
+    """Per window and category: ``errors``, ``leader_changes``, ``connections``,
+    ``error_codes`` (sorted) and ``storm``; only windows with something in them."""
+    errors = facts.filter(F.col("fact") == "error").withColumn("category", _category())
+    errors = errors.filter(F.col("category").isNotNull()).select(
+        window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
+        "category",
+        F.lit(1).alias("error"),
+        F.lit(0).alias("change"),
+        F.concat_ws("/", "capture_id", "connection_id").alias("connection"),
+        "error_code",
+    )
+    changes = leader_changes(facts).select(
+        window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
+        F.lit("leader_election").alias("category"),
+        F.lit(0).alias("error"),
+        F.lit(1).alias("change"),
+        F.lit(None).cast("string").alias("connection"),
+        F.lit(None).cast("short").alias("error_code"),
+    )
+    windows = (
+        errors.unionByName(changes)
+        .groupBy("window_start_ns", "category")
+        .agg(
+            F.sum("error").alias("errors"),
+            F.sum("change").alias("leader_changes"),
+            F.count_distinct("connection").alias("connections"),
+            F.sort_array(F.collect_set("error_code")).alias("error_codes"),
+        )
+    )
+    return windows.withColumn("storm", (F.col("errors") + F.col("leader_changes")) >= threshold)
+
+
+def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
+    """Per consumer group and window: ``joins``, ``syncs``, ``leaves``, ``heartbeats``,
+    ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors`` and
+    ``storm`` (at least ``threshold`` generations in the window)."""
+    groups = facts.filter((F.col("fact") == "group") & (F.col("direction") == "request"))
+    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(*_JOIN, "group_id", "wall_ns")
+    answers = facts.filter(
+        (F.col("direction") == "response")
+        & F.col("api_key").isin(*GROUP_LIFE)
+        & F.col("fact").isin("generation", "error")
+    ).select(
+        *_JOIN, "fact", "generation_id", "member_id", "error_code", F.col("wall_ns").alias("answer_wall_ns")
+    )
+    named = requests.join(answers, _JOIN, "left")
+    rebalance_codes = CATEGORIES["rebalance"]
+    joined_ok = (F.col("fact") == "generation") & (F.col("error_code") == 0)
+    per_request = named.groupBy(*_JOIN, "group_id", "wall_ns").agg(
+        F.max(F.when(joined_ok, F.col("generation_id"))).alias("generation_id"),
+        F.max(F.when(joined_ok, F.col("member_id"))).alias("member_id"),
+        F.count(F.when((F.col("fact") == "error") & F.col("error_code").isin(*rebalance_codes), 1)).alias(
+            "errors"
+        ),
+    )
+    counted = per_request.groupBy(
+        "group_id", window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
+    )
+    out = counted.agg(
+        F.count(F.when(F.col("api_key") == ApiKey.JOIN_GROUP, 1)).alias("joins"),
+        F.count(F.when(F.col("api_key") == ApiKey.SYNC_GROUP, 1)).alias("syncs"),
+        F.count(F.when(F.col("api_key") == ApiKey.LEAVE_GROUP, 1)).alias("leaves"),
+        F.count(F.when(F.col("api_key") == ApiKey.HEARTBEAT, 1)).alias("heartbeats"),
+        F.sort_array(F.collect_set("generation_id")).alias("generations"),
+        F.count_distinct("member_id").alias("members"),
+        F.sum("errors").cast("long").alias("rebalance_errors"),
+    )
+    return out.withColumn("storm", F.size("generations") >= threshold)
