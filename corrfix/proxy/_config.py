@@ -39,6 +39,9 @@ class ProxyConfig:
     """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
     tls: TlsConfig | None = None
     """TLS with clients and/or brokers (None: plaintext both ways)."""
+    engine: bool = True
+    """Relay plaintext connections in the process's relay engine (one epoll set, one task);
+    off: every connection gets tasks of its own, as TLS connections always do."""
 
     @property
     def connection(self) -> ConnectionConfig:

@@ -1,9 +1,14 @@
-"""One client connection and its broker connection: the tasks that carry out a core's decisions."""
+"""One client connection and its broker connection: connect, then relay through the engine or tasks.
+
+trio accepts, runs the TLS handshakes and connects upstream here. A plaintext connection is
+then handed to the process's relay engine (proxy/_engine.py); a TLS one (or every one, with
+``engine`` off in the config) is relayed by five tasks of its own. Both carry out the same
+core's decisions and report to the same sinks (proxy/_sinks.py).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
 import structlog
 import trio
@@ -12,19 +17,15 @@ from corrfix.core import (
     CLOSE_GRACE,
     DISCARD_LIMIT,
     Address,
-    Answered,
     ClusterRouter,
     ConnectionCore,
-    Event,
-    Forwarded,
-    Notice,
-    Repaired,
-    RepairKind,
     RepairMachine,
 )
 from corrfix.proxy._config import ProxyConfig
+from corrfix.proxy._engine import Relayed, current_engine
 from corrfix.proxy._metrics import ProxyMetrics
 from corrfix.proxy._observer import ConnectionObserver
+from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
 from corrfix.proxy._streams import RECEIVE_SIZE, Outbox, Receiver, peer_name
 from corrfix.proxy._tls import accept_client, connect_upstream
 
@@ -32,31 +33,12 @@ CONNECT_BACKOFF = 0.1
 """First pause between upstream connect attempts; it doubles each time."""
 log = structlog.get_logger("corrfix.proxy")
 
-_LOUD_EVENTS = {
-    RepairKind.SKIP_DETECTED,
-    RepairKind.REQUEUE,
-    RepairKind.PROBE_FOUND_LOSS,
-    RepairKind.POSSIBLE_DUPLICATE,
-    RepairKind.GIVE_UP,
-}
-
-
-@dataclass
-class ProxyStats:
-    """Process-wide counts; the metrics endpoint and the connection summaries read them."""
-
-    connections_opened: int = 0
-    connections_active: int = 0
-    repairs: Counter[str] = field(default_factory=Counter)
-    answering_upstreams: set[Address] = field(default_factory=set)
-    """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
-
 
 class ProxyConnection:
     """One client connection and its upstream connection, driven by a :class:`ConnectionCore`.
 
-    The tasks move bytes and wait for time; every decision (what to send, when to stop
-    reading, when to end each stream, when to close) is the core's.
+    The engine or the tasks move bytes and wait for time; every decision (what to send,
+    when to stop reading, when to end each stream, when to close) is the core's.
     """
 
     def __init__(
@@ -88,7 +70,7 @@ class ProxyConnection:
         self.core: ConnectionCore | None = None  # once both sides are connected
         self.to_client = Outbox()
         self.to_upstream = Outbox()
-        self.repairs: Counter[str] = Counter()
+        self._relayed: Relayed | None = None  # in the engine
         self._state_changed = trio.lowlevel.ParkingLot()
         self._timer_scope = trio.CancelScope()
         self._relay_scope = trio.CancelScope()  # the connection's tasks: cancelled to close it
@@ -96,11 +78,15 @@ class ProxyConnection:
         self._upstream_reader_scope = trio.CancelScope()
         self._client_reader_done = trio.Event()
         self._drain_requested = False
-        self._upstream_marked = False  # recorded in stats.answering_upstreams
         self._decided = 0  # the core's decisions carried out so far
         peer = peer_name(client)
         self.log = log.bind(connection=conn_id, client=peer)
         self._client_peer = peer
+        self.sinks = ConnectionSinks(conn_id, self.log, stats, self.upstream, metrics, observer)
+
+    @property
+    def repairs(self) -> Counter[str]:
+        return self.sinks.repairs
 
     async def run(self) -> None:
         # The client's TLS handshake comes first: a client that fails it costs no upstream connection.
@@ -127,6 +113,40 @@ class ProxyConnection:
             upstream_known_plaintext=lambda: self.upstream in self.stats.answering_upstreams,
             record_frames=None if self.observer is None else self.observer.snaplen,
         )
+        try:
+            if (
+                self.config.engine
+                and isinstance(self.client, trio.SocketStream)
+                and isinstance(upstream, trio.SocketStream)
+            ):
+                await self._relay_in_engine(self.core, self.client, upstream)
+            else:
+                await self._relay_in_tasks(upstream)
+        finally:
+            # Also when the proxy itself is stopping and this connection is cancelled.
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(upstream)
+                await trio.aclose_forcefully(self.client)
+            reason = self.core.closed().reason
+            if self.observer is not None:
+                self.observer.connection_closed(self.conn_id, reason)
+            outstanding = self.machine.outstanding
+            self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
+
+    async def _relay_in_engine(
+        self, core: ConnectionCore, client: trio.SocketStream, upstream: trio.SocketStream
+    ) -> None:
+        """Plaintext both ways: the process's engine relays; this task waits until it is over."""
+        relayed = current_engine().adopt(
+            core, client, upstream, self.sinks, close_linger=self.config.close_linger
+        )
+        self._relayed = relayed
+        if self._drain_requested:
+            self.drain()
+        await relayed.finished()
+
+    async def _relay_in_tasks(self, upstream: trio.abc.Stream) -> None:
+        """TLS on a side (or the engine switched off): five tasks of the connection's own."""
         self.to_client.attach(self.client)
         self.to_upstream.attach(upstream)
         try:
@@ -140,17 +160,8 @@ class ProxyConnection:
                     if self._drain_requested:
                         self.drain()
         finally:
-            # Also when the proxy itself is stopping and this connection is cancelled.
             self.to_client.detach()
             self.to_upstream.detach()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(upstream)
-                await trio.aclose_forcefully(self.client)
-            reason = self.core.closed().reason
-            if self.observer is not None:
-                self.observer.connection_closed(self.conn_id, reason)
-            outstanding = self.machine.outstanding
-            self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
 
     async def _connect_upstream(self) -> trio.abc.Stream | None:
         target = self.upstream
@@ -183,7 +194,7 @@ class ProxyConnection:
         core = self.core
         assert core is not None
         receiver = Receiver(self.client)
-        metrics = self.metrics
+        sinks = self.sinks
         try:
             with self._client_reader_scope:
                 while not core.stop_client:
@@ -196,8 +207,8 @@ class ProxyConnection:
                         await self.to_upstream.wait_below(self.config.max_send_buffer)
                         core.resume_client(trio.current_time())
                     data = await receiver.receive()
-                    if data and metrics is not None:
-                        metrics.client_request_bytes.inc(len(data))
+                    if data:
+                        sinks.received_from_client(len(data))
                     core.receive_client(data, trio.current_time())
                     self._sync()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -210,7 +221,7 @@ class ProxyConnection:
         core = self.core
         assert core is not None
         receiver = Receiver(upstream)
-        metrics = self.metrics
+        sinks = self.sinks
         limit = self.config.max_send_buffer
         with self._upstream_reader_scope:
             try:
@@ -218,8 +229,8 @@ class ProxyConnection:
                     if not core.upstream_read_allowed(self.to_client.pending):
                         await self.to_client.wait_below(limit)
                     data = await receiver.receive()
-                    if data and metrics is not None:
-                        metrics.upstream_response_bytes.inc(len(data))
+                    if data:
+                        sinks.received_from_upstream(len(data))
                     core.receive_upstream(data, trio.current_time())
                     self._sync()
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -264,17 +275,20 @@ class ProxyConnection:
 
         The end of stream waits CLOSE_GRACE after the last answers. Closing a socket that
         holds unread bytes makes the kernel send a RST, and a RST can destroy answers the
-        client has not read yet.
+        client has not read yet. A client that is gone meanwhile is owed nothing more.
         """
         await trio.sleep(CLOSE_GRACE)
-        await client.send_eof()
         discarded = 0
-        with trio.move_on_after(self.config.close_linger):
-            while discarded <= DISCARD_LIMIT:
-                data = await client.receive_some(RECEIVE_SIZE)
-                if not data:
-                    return
-                discarded += len(data)
+        try:
+            await client.send_eof()
+            with trio.move_on_after(self.config.close_linger):
+                while discarded <= DISCARD_LIMIT:
+                    data = await client.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        return
+                    discarded += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
         self.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
 
     async def _run_timer(self) -> None:
@@ -296,18 +310,10 @@ class ProxyConnection:
         to_upstream, to_client, events = core.take()
         if to_upstream or to_client or events:
             if to_upstream:
-                if self.metrics is not None:
-                    self.metrics.upstream_request_bytes.inc(sum(len(frame) for frame in to_upstream))
                 self.to_upstream.write(to_upstream)
             if to_client:
-                if self.metrics is not None:
-                    self.metrics.client_response_bytes.inc(sum(len(frame) for frame in to_client))
                 self.to_client.write(to_client)
-            if events:
-                if self.observer is not None:
-                    self.observer.events(self.conn_id, events)
-                for event in events:
-                    self._consume(event)
+            self.sinks.output(to_upstream, to_client, events)
         if core.decided != self._decided:
             self._decided = core.decided
             self._carry_out_decisions(core)
@@ -318,9 +324,8 @@ class ProxyConnection:
             self._state_changed.unpark_all()
 
     def _carry_out_decisions(self, core: ConnectionCore) -> None:
-        if not self._upstream_marked and core.upstream_spoke:
-            self._upstream_marked = True
-            self.stats.answering_upstreams.add(self.upstream)
+        if core.upstream_spoke:
+            self.sinks.upstream_answered()
         if core.stop_client:
             self._client_reader_scope.cancel()
         if core.abandon_client:
@@ -334,47 +339,14 @@ class ProxyConnection:
         if core.aborted:
             self._relay_scope.cancel()
 
-    def _consume(self, event: Event) -> None:
-        """Metrics and logs from the core's events."""
-        metrics = self.metrics
-        if isinstance(event, Forwarded):
-            if metrics is not None:
-                metrics.request(event.api_key)
-        elif isinstance(event, Answered):
-            if metrics is not None:
-                metrics.answer(event.api_key, event.seconds)
-        elif isinstance(event, Repaired):
-            self._record(event)
-        elif isinstance(event, Notice):
-            if event.level == "warning":
-                self.log.warning(event.message, **dict(event.details))
-            else:
-                self.log.info(event.message, **dict(event.details))
-
-    def _record(self, event: Repaired) -> None:
-        kind = event.kind.value
-        self.repairs[kind] += 1
-        self.stats.repairs[kind] += 1
-        if self.metrics is not None:
-            self.metrics.repairs.labels(kind).inc()
-        fields = {
-            "api": event.api,
-            "client_correlation_id": event.client_correlation_id,
-            "upstream_correlation_id": event.upstream_correlation_id,
-            "new_upstream_correlation_id": event.new_upstream_correlation_id,
-            "attempt": event.attempt,
-            "reason": event.reason or None,
-        }
-        fields = {k: v for k, v in fields.items() if v is not None}
-        if event.kind in _LOUD_EVENTS:
-            self.log.warning(f"repair.{kind}", **fields)
-        else:
-            self.log.debug(f"repair.{kind}", **fields)
-
     def drain(self) -> None:
         """Stop reading requests; close once every outstanding request is answered."""
         self._drain_requested = True
-        if self.core is None:
+        core = self.core
+        if core is None:
             return  # still connecting: run() drains as soon as it starts
-        self.core.drain(trio.current_time())
-        self._sync()
+        core.drain(trio.current_time())
+        if self._relayed is not None:
+            self._relayed.apply()
+        else:
+            self._sync()

@@ -56,11 +56,18 @@ class ProxyMetrics:
         self.held_bytes = Gauge("corrfix_held_response_bytes", "Answers held for client order", registry=r)
         self._request_children: dict[int, Counter] = {}
         self._answer_children: dict[int, tuple[Counter, Histogram]] = {}
+        self._repair_children: dict[str, Counter] = {}
 
-    def request(self, api_key: int) -> None:
+    def request(self, api_key: int, count: int = 1) -> None:
         child = self._request_children.get(api_key)
         if child is None:
             child = self._request_children[api_key] = self._requests.labels(api_name(api_key))
+        child.inc(count)
+
+    def repair(self, kind: str) -> None:
+        child = self._repair_children.get(kind)
+        if child is None:
+            child = self._repair_children[kind] = self.repairs.labels(kind)
         child.inc()
 
     def answer(self, api_key: int, seconds: float) -> None:

@@ -13,13 +13,35 @@ PLAIN_RECEIVE_SIZE = 1024 * 1024
 """Largest receive on a plaintext socket: one buffer per thread, so a big one costs nothing per
 connection and a 1 MiB frame arrives in one system call."""
 FAIR_READS = 4
-"""Receives a reader may take back to back before it yields to the other connections."""
+"""Receives a reader (or the engine, per socket and pass) may take back to back before the
+other connections get their turn."""
 IOV_MAX = 1024
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
     """The socket under a plaintext stream, for direct non-blocking I/O (None for TLS)."""
     return stream.socket if isinstance(stream, trio.SocketStream) else None
+
+
+def write_frames(fd: int, frames: list[bytearray]) -> list[bytearray] | list[memoryview]:
+    """Send what a non-blocking socket takes now, in one system call; return the rest ([] when
+    everything went). A broken socket raises OSError."""
+    try:
+        sent = os.write(fd, frames[0]) if len(frames) == 1 else os.writev(fd, frames[:IOV_MAX])
+    except BlockingIOError:
+        return frames
+    index = 0
+    for frame in frames:
+        size = len(frame)
+        if sent < size:
+            break
+        sent -= size
+        index += 1
+    if index == len(frames):
+        return []
+    rest: list[memoryview] = [memoryview(frames[index])[sent:]]
+    rest.extend(memoryview(frame) for frame in frames[index + 1 :])
+    return rest
 
 
 class Outbox:
@@ -79,27 +101,10 @@ class Outbox:
     def _send_now(self, frames: list[bytearray]) -> list[bytearray] | list[memoryview]:
         """Send what the socket takes without waiting; returns the rest, for the writer task."""
         try:
-            if len(frames) == 1:
-                sent = os.write(self._fd, frames[0])
-            else:
-                sent = os.writev(self._fd, frames[:IOV_MAX])
-        except BlockingIOError:
-            return frames
+            return write_frames(self._fd, frames)
         except OSError as exc:
             self._error = exc  # the writer task reports it, as a failed send_all would
             return frames
-        index = 0
-        for frame in frames:
-            size = len(frame)
-            if sent < size:
-                break
-            sent -= size
-            index += 1
-        if index == len(frames):
-            return []
-        rest: list[memoryview] = [memoryview(frames[index])[sent:]]
-        rest.extend(memoryview(frame) for frame in frames[index + 1 :])
-        return rest
 
     def finish(self) -> None:
         """Send what is queued, then end the stream."""
@@ -130,9 +135,9 @@ class Outbox:
 _receive_buffers = threading.local()
 
 
-def _receive_buffer() -> bytearray:
-    """One receive buffer per thread, shared by every reader of the trio run in it: a reader
-    uses what it received before its next await, so idle connections cost no buffer."""
+def receive_buffer() -> bytearray:
+    """One receive buffer per thread, shared by every reader of the trio run in it and by its
+    engine: each uses what it received before its next await, so idle connections cost no buffer."""
     buffer = getattr(_receive_buffers, "buffer", None)
     if buffer is None:
         buffer = _receive_buffers.buffer = bytearray(PLAIN_RECEIVE_SIZE)
@@ -153,7 +158,7 @@ class Receiver:
         self._stream = stream
         self._sock = _plain_socket(stream)
         self._fd = self._sock.fileno() if self._sock is not None else -1
-        self._buffer = _receive_buffer() if self._sock is not None else bytearray()
+        self._buffer = receive_buffer() if self._sock is not None else bytearray()
         self._streak = 0
 
     async def receive(self) -> bytes | bytearray | memoryview:

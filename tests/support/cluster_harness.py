@@ -93,7 +93,11 @@ def assert_only_listeners(addresses: list[SeenAddress], listener_ports: dict[int
 
 
 async def start_stack(
-    nursery: trio.Nursery, *, repair: RepairConfig | None = None, **cluster_options: object
+    nursery: trio.Nursery,
+    *,
+    repair: RepairConfig | None = None,
+    engine: bool = True,
+    **cluster_options: object,
 ) -> Stack:
     changes = Changes()
     cluster = FakeCluster(**cluster_options, changes=changes)  # type: ignore[arg-type]
@@ -103,6 +107,7 @@ async def start_stack(
         Address(LOOPBACK, 0),
         Address(LOOPBACK, cluster.brokers[cluster.node_ids[0]].port),
         repair=repair or RepairConfig(),
+        engine=engine,
     )
     proxy = Proxy(config, observer=view)
     bound = await nursery.start(proxy.serve)

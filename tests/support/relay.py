@@ -11,8 +11,11 @@ FAST_REPAIR = RepairConfig(probe_after=0.2, probe_min=0.01)
 
 
 async def start_proxy(
-    nursery: trio.Nursery, upstream_port: int, repair: RepairConfig = FAST_REPAIR
+    nursery: trio.Nursery, upstream_port: int, repair: RepairConfig = FAST_REPAIR, *, engine: bool = True
 ) -> tuple[Proxy, int]:
-    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", upstream_port), repair=repair))
+    config = ProxyConfig(
+        Address("127.0.0.1", 0), Address("127.0.0.1", upstream_port), repair=repair, engine=engine
+    )
+    proxy = Proxy(config)
     bound = await nursery.start(proxy.serve)
     return proxy, bound[0].port

@@ -28,7 +28,11 @@ class Stack:
 
 
 async def start_proxy_for(
-    nursery: trio.Nursery, tansu_factory, chaos: ChaosRules | None = None, repair: RepairConfig | None = None
+    nursery: trio.Nursery,
+    tansu_factory,
+    engine: bool,
+    chaos: ChaosRules | None = None,
+    repair: RepairConfig | None = None,
 ) -> Stack:
     """client -> corrfix [-> chaos relay] -> Tansu, with Tansu advertising corrfix's port so
     clients stay on the proxy after bootstrap."""
@@ -42,7 +46,10 @@ async def start_proxy_for(
         )
         upstream = relay.port
     config = ProxyConfig(
-        Address("127.0.0.1", port), Address("127.0.0.1", upstream), repair=repair or RepairConfig()
+        Address("127.0.0.1", port),
+        Address("127.0.0.1", upstream),
+        repair=repair or RepairConfig(),
+        engine=engine,
     )
     proxy = Proxy(config)
     await nursery.start(proxy.serve)
@@ -53,10 +60,10 @@ async def in_thread(fn, *args, **kwargs):
     return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
-async def test_kafka_python_acks0_loses_nothing_through_corrfix(tansu_factory):
+async def test_kafka_python_acks0_loses_nothing_through_corrfix(tansu_factory, engine):
     n = 10_000
     async with trio.open_nursery() as nursery:
-        stack = await start_proxy_for(nursery, tansu_factory)
+        stack = await start_proxy_for(nursery, tansu_factory, engine)
         await in_thread(clients.create_topic, stack.bootstrap, "acks0")
         result = await in_thread(clients.produce_kafka_python, stack.bootstrap, "acks0", n, acks=0)
         values = await in_thread(clients.consume_all, stack.bootstrap, "acks0", n, timeout=60)
@@ -66,10 +73,12 @@ async def test_kafka_python_acks0_loses_nothing_through_corrfix(tansu_factory):
     assert stack.proxy.stats.repairs["stale_drop"] > 0  # Tansu did answer acks=0; corrfix hid it
 
 
-async def test_sync_producer_through_lossy_link_gets_every_message_exactly_once(tansu_factory):
+async def test_sync_producer_through_lossy_link_gets_every_message_exactly_once(tansu_factory, engine):
     n = 600
     async with trio.open_nursery() as nursery:
-        stack = await start_proxy_for(nursery, tansu_factory, ChaosRules(drop_every=25, apis=frozenset({0})))
+        stack = await start_proxy_for(
+            nursery, tansu_factory, engine, ChaosRules(drop_every=25, apis=frozenset({0}))
+        )
         await in_thread(clients.create_topic, stack.bootstrap, "sync")
         result = await in_thread(
             clients.produce_kafka_python, stack.bootstrap, "sync", n, acks="all", sync=True, idempotent=True
@@ -83,10 +92,10 @@ async def test_sync_producer_through_lossy_link_gets_every_message_exactly_once(
     assert stack.proxy.stats.repairs["requeue"] == dropped
 
 
-async def test_idempotent_confluent_producer_with_every_kind_of_answer_dropped(tansu_factory):
+async def test_idempotent_confluent_producer_with_every_kind_of_answer_dropped(tansu_factory, engine):
     n = 20_000
     async with trio.open_nursery() as nursery:
-        stack = await start_proxy_for(nursery, tansu_factory, ChaosRules(drop_every=50))
+        stack = await start_proxy_for(nursery, tansu_factory, engine, ChaosRules(drop_every=50))
         await in_thread(clients.create_topic, stack.bootstrap, "idem", partitions=3)
         # Small batches, so that the 20,000 messages take hundreds of Produce requests.
         result = await in_thread(
@@ -108,11 +117,11 @@ async def test_idempotent_confluent_producer_with_every_kind_of_answer_dropped(t
     assert stack.proxy.stats.repairs["requeue"] >= produce_drops
 
 
-async def test_clients_stay_on_corrfix_when_tansu_advertises_itself(tansu):
+async def test_clients_stay_on_corrfix_when_tansu_advertises_itself(tansu, engine):
     """Rewriting, not the broker's configuration, keeps clients on the proxy."""
     n = 2_000
     async with trio.open_nursery() as nursery:
-        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port)))
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port), engine=engine))
         bound = await nursery.start(proxy.serve)
         bootstrap = f"127.0.0.1:{bound[0].port}"
         await in_thread(clients.create_topic, bootstrap, "rewritten", partitions=2)
@@ -164,7 +173,7 @@ GROUP_APIS = {
     ("first", "second"),
     [("kafka-python", "kafka-python"), ("confluent", "confluent"), ("kafka-python", "confluent")],
 )
-async def test_consumer_group_commits_and_resumes_through_corrfix(tansu, first, second):
+async def test_consumer_group_commits_and_resumes_through_corrfix(tansu, first, second, engine):
     """A group member commits part of a topic and leaves; the next member resumes exactly there.
 
     Tansu advertises its own address, so only rewriting keeps the group traffic (coordinator,
@@ -174,7 +183,8 @@ async def test_consumer_group_commits_and_resumes_through_corrfix(tansu, first, 
     topic, group = f"resume-{first}-{second}", f"group-{first}-{second}"
     seen = ApiKeysSeen()
     async with trio.open_nursery() as nursery:
-        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port)), observer=seen)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port), engine=engine)
+        proxy = Proxy(config, observer=seen)
         bound = await nursery.start(proxy.serve)
         bootstrap = f"127.0.0.1:{bound[0].port}"
         await in_thread(clients.create_topic, bootstrap, topic, partitions=2)

@@ -238,9 +238,9 @@ async def scene(broker: ScriptedBroker | None = None, **config: object) -> Async
     assert not [entry for entry in logs if entry["event"] == "internal error, connection closed"]
 
 
-async def hostile_client_is_closed(payload: bytes, reason: str) -> None:
+async def hostile_client_is_closed(payload: bytes, reason: str, engine: bool) -> None:
     """Send ``payload``; the proxy must close with ``reason`` in a warning, the bystander unharmed."""
-    async with scene() as s:
+    async with scene(engine=engine) as s:
         hostile = await s.connect()
         peer = local_name(hostile)
         await hostile.send_all(payload)
@@ -276,14 +276,16 @@ NOISE = b"\x3c" + random.Random(7).randbytes(511)
         ),
     ],
 )
-async def test_garbage_bytes(payload, reason):
-    await hostile_client_is_closed(payload, f"bad request from client: {reason}")
+async def test_garbage_bytes(payload, reason, engine):
+    await hostile_client_is_closed(payload, f"bad request from client: {reason}", engine)
 
 
-async def test_an_http_request():
+async def test_an_http_request(engine):
     request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: curl/8\r\n\r\n"
     # "GET " read as a size prefix is 1195725856 bytes: refused before anything is buffered.
-    await hostile_client_is_closed(request, "bad request from client: frame size 1195725856 is larger")
+    await hostile_client_is_closed(
+        request, "bad request from client: frame size 1195725856 is larger", engine
+    )
 
 
 def client_hello() -> bytes:
@@ -296,26 +298,28 @@ def client_hello() -> bytes:
     return outgoing.read()
 
 
-async def test_a_tls_client_hello_on_the_plaintext_port():
-    await hostile_client_is_closed(client_hello(), "TLS handshake on a plaintext listener")
+async def test_a_tls_client_hello_on_the_plaintext_port(engine):
+    await hostile_client_is_closed(client_hello(), "TLS handshake on a plaintext listener", engine)
 
 
 @pytest.mark.parametrize(
     ("size", "reason"),
     [(-1, "frame size -1 is negative"), (2**31 - 1, "frame size 2147483647 is larger than the maximum")],
 )
-async def test_frame_size_of_minus_one_and_int32_max(size, reason):
-    await hostile_client_is_closed(size.to_bytes(4, "big", signed=True) + b"\x00\x12\x00\x00", reason)
+async def test_frame_size_of_minus_one_and_int32_max(size, reason, engine):
+    await hostile_client_is_closed(size.to_bytes(4, "big", signed=True) + b"\x00\x12\x00\x00", reason, engine)
 
 
 @pytest.mark.parametrize("cut", [2, 7, 20], ids=["inside-size", "inside-header", "inside-body"])
-async def test_half_a_frame_then_a_stall(cut):
+async def test_half_a_frame_then_a_stall(cut, engine):
     whole = request_frame(ApiKey.LIST_OFFSETS, 9, 9)
     assert cut < len(whole)
-    await hostile_client_is_closed(bytes(whole[:cut]), f"request frame incomplete for {FRAME_TIMEOUT:g}s")
+    await hostile_client_is_closed(
+        bytes(whole[:cut]), f"request frame incomplete for {FRAME_TIMEOUT:g}s", engine
+    )
 
 
-async def test_slowloris():
+async def test_slowloris(engine):
     """Twenty clients each dribble a frame a byte at a time, never finishing it within the frame
     timeout; each is closed (the timeout counts from the frame's first byte, not the last one),
     nothing reaches the broker, and the proxy tracks none of them afterwards."""
@@ -323,7 +327,7 @@ async def test_slowloris():
     declared = 1000  # bytes the frame announces; far more than any attacker sends in time
     pace = FRAME_TIMEOUT / 5  # the attack's own rhythm, not a wait for the proxy
 
-    async with scene() as s:
+    async with scene(engine=engine) as s:
         peers: list[str] = []
         received: list[bytes] = []
 
@@ -350,12 +354,12 @@ async def test_slowloris():
         assert warning["reason"] == f"request frame incomplete for {FRAME_TIMEOUT:g}s"
 
 
-async def test_a_thousand_connections_opened_and_dropped():
+async def test_a_thousand_connections_opened_and_dropped(engine):
     """1,000 connections in waves of 100, dropped in four ways: closed at once, reset at once,
     reset after half a request, closed after a whole request without reading the answer. Each
     gets a "connection closed" line, and the proxy ends up tracking the bystander alone."""
     total, wave = 1000, 100
-    async with scene() as s:
+    async with scene(engine=engine) as s:
         half = bytes(request_frame(ApiKey.LIST_OFFSETS, 1, 1)[:9])
         whole = bytes(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
 
@@ -401,10 +405,10 @@ def big_request(correlation_id: int, size: int) -> bytes:
 @pytest.mark.parametrize(
     "behaviour", [silent, deaf, half_answer], ids=["reads-never-answers", "never-reads", "half-an-answer"]
 )
-async def test_a_broker_that_accepts_and_never_answers(behaviour):
+async def test_a_broker_that_accepts_and_never_answers(behaviour, engine):
     """The client is not left hanging: after the request deadline the proxy gives up and closes."""
     broker = ScriptedBroker(plan=deque([echo, behaviour]))  # the bystander's connection, then this one
-    async with scene(broker) as s:
+    async with scene(broker, engine=engine) as s:
         client = await s.connect()
         peer = local_name(client)
         await client.send_all(request_frame(ApiKey.LIST_OFFSETS, 5, 5))
@@ -431,7 +435,7 @@ def slow_reader(stall: float) -> Behaviour:
     return behaviour
 
 
-async def test_backpressure_from_a_slow_broker_is_not_blamed_on_the_client():
+async def test_backpressure_from_a_slow_broker_is_not_blamed_on_the_client(engine):
     """A well-behaved client pipelines 16 requests of ~1 MiB to a broker that reads nothing for
     four frame timeouts. The proxy rightly stops reading from the client (its upstream buffer is
     full), which leaves part of a request unread in the client's socket. That stall is the
@@ -439,7 +443,7 @@ async def test_backpressure_from_a_slow_broker_is_not_blamed_on_the_client():
     count, size = 16, MAX_FRAME - 7  # not a multiple of any receive size: a read ends mid-frame
     repair_config = RepairConfig(probe_after=0.1, probe_min=0.01, request_deadline=60.0)
     broker = ScriptedBroker(plan=deque([echo, slow_reader(4 * FRAME_TIMEOUT)]))
-    async with scene(broker, repair=repair_config) as s:
+    async with scene(broker, repair=repair_config, engine=engine) as s:
         client = await s.connect()
         payload = b"".join(big_request(100 + i, size) for i in range(count))
 
@@ -455,10 +459,10 @@ async def test_backpressure_from_a_slow_broker_is_not_blamed_on_the_client():
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
-async def test_a_broker_that_closes_mid_response(reset):
+async def test_a_broker_that_closes_mid_response(reset, engine):
     """The complete answer is delivered, the half one never: the client sees a clean end."""
     broker = ScriptedBroker(plan=deque([echo, closing_mid_response(reset=reset)]))
-    async with scene(broker) as s:
+    async with scene(broker, engine=engine) as s:
         client = await s.connect()
         peer = local_name(client)
         await client.send_all(
@@ -501,7 +505,7 @@ PEAK_GROWTH_BOUND_MIB = 160
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
-async def test_rss_stays_bounded_under_a_storm_of_hostile_peers(tmp_path):
+async def test_rss_stays_bounded_under_a_storm_of_hostile_peers(tmp_path, engine):
     """A ``corrfix proxy`` child (max frame 1 MiB, frame timeout 0.5 s) takes 1,000 connections
     opened and dropped, 50 slowloris clients that each send 64 KiB of a 1 MiB frame and stall,
     and 50 garbage and HTTP clients. Bounds, stated generously for a noisy machine: once it
@@ -525,6 +529,7 @@ async def test_rss_stays_bounded_under_a_storm_of_hostile_peers(tmp_path):
             "1",
             "--metrics",
             f"{LOOPBACK}:{metrics_port}",
+            *([] if engine else ["--no-engine"]),
         ]
         child = CorrfixProcess(args, port, tmp_path / "proxy.log")
         await trio.to_thread.run_sync(child.start)

@@ -18,15 +18,17 @@ from tests.support.relay import FAST_REPAIR, start_proxy
 # corrfix never decodes (Metadata answers are decoded to rewrite broker addresses).
 
 
-async def start_pair(nursery: trio.Nursery, broker: FakeBroker, repair: RepairConfig = FAST_REPAIR):
+async def start_pair(
+    nursery: trio.Nursery, broker: FakeBroker, engine: bool, repair: RepairConfig = FAST_REPAIR
+):
     broker_port = await nursery.start(broker.serve)
-    return await start_proxy(nursery, broker_port, repair)
+    return await start_proxy(nursery, broker_port, repair, engine=engine)
 
 
-async def test_relays_in_order_with_client_ids_restored():
+async def test_relays_in_order_with_client_ids_restored(engine):
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
-        _, port = await start_pair(nursery, broker)
+        _, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             ids = [1000 + i for i in range(50)]
@@ -37,7 +39,7 @@ async def test_relays_in_order_with_client_ids_restored():
         nursery.cancel_scope.cancel()
 
 
-async def test_lost_and_duplicated_answers_are_repaired():
+async def test_lost_and_duplicated_answers_are_repaired(engine):
     def script(index: int, api_key: int) -> str:
         if api_key == 18:
             return "answer"
@@ -45,7 +47,7 @@ async def test_lost_and_duplicated_answers_are_repaired():
 
     broker = FakeBroker(script)
     async with trio.open_nursery() as nursery:
-        proxy, port = await start_pair(nursery, broker)
+        proxy, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             got: list[tuple[int, int]] = []
@@ -58,10 +60,10 @@ async def test_lost_and_duplicated_answers_are_repaired():
         nursery.cancel_scope.cancel()
 
 
-async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped():
+async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped(engine):
     broker = FakeBroker()  # answers everything, acks=0 included, like Tansu
     async with trio.open_nursery() as nursery:
-        proxy, port = await start_pair(nursery, broker)
+        proxy, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             frames = [request_frame(ApiKey.PRODUCE, i, i, acks=0) for i in range(10)]
@@ -74,10 +76,10 @@ async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped():
         nursery.cancel_scope.cancel()
 
 
-async def test_client_half_close_still_gets_every_answer():
+async def test_client_half_close_still_gets_every_answer(engine):
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
-        _, port = await start_pair(nursery, broker)
+        _, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
@@ -100,10 +102,10 @@ async def test_upstream_unreachable_closes_the_client():
         nursery.cancel_scope.cancel()
 
 
-async def test_upstream_closing_mid_stream_closes_the_client():
+async def test_upstream_closing_mid_stream_closes_the_client(engine):
     broker = FakeBroker(lambda index, _key: "close" if index == 2 else "answer")
     async with trio.open_nursery() as nursery:
-        _, port = await start_pair(nursery, broker)
+        _, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(5)))
@@ -112,10 +114,10 @@ async def test_upstream_closing_mid_stream_closes_the_client():
         nursery.cancel_scope.cancel()
 
 
-async def test_bad_input_closes_only_that_connection():
+async def test_bad_input_closes_only_that_connection(engine):
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
-        _, port = await start_pair(nursery, broker)
+        _, port = await start_pair(nursery, broker, engine)
         with trio.fail_after(10):
             good = await trio.open_tcp_stream("127.0.0.1", port)
             for garbage in (
@@ -132,13 +134,15 @@ async def test_bad_input_closes_only_that_connection():
         nursery.cancel_scope.cancel()
 
 
-async def test_metrics_count_requests_answers_repairs_and_bytes():
+async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
     metrics = ProxyMetrics()
     broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
         proxy = Proxy(
-            ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), repair=FAST_REPAIR),
+            ProxyConfig(
+                Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), repair=FAST_REPAIR, engine=engine
+            ),
             metrics=metrics,
         )
         port = (await nursery.start(proxy.serve))[0].port
@@ -157,7 +161,7 @@ async def test_metrics_count_requests_answers_repairs_and_bytes():
     assert 'corrfix_bytes_total{direction="request",side="client"}' in text
 
 
-async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
+async def test_drain_stops_accepting_and_lets_outstanding_requests_finish(engine):
     release = trio.Event()
     received = trio.Event()
 
@@ -174,7 +178,10 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
     async with trio.open_nursery() as nursery:
         broker_listeners = await nursery.start(trio.serve_tcp, slow_broker, 0)
         broker_port = broker_listeners[0].socket.getsockname()[1]
-        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False))
+        config = ProxyConfig(
+            Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False, engine=engine
+        )
+        proxy = Proxy(config)
         served = trio.Event()
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -200,14 +207,14 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish():
     assert got == [(41, 41)]
 
 
-async def test_idle_connections_are_closed(mock_clock):
+async def test_idle_connections_are_closed(mock_clock, engine):
     """The default idle timeout (600 s), on trio's MockClock: real time flows so ``fail_after``
     bounds the test, and ``jump`` carries the connection past its idle deadline."""
     mock_clock.rate = 1.0
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port))
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), engine=engine)
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -222,11 +229,13 @@ async def test_idle_connections_are_closed(mock_clock):
         nursery.cancel_scope.cancel()
 
 
-async def test_connections_beyond_the_maximum_are_refused_with_a_log_line():
+async def test_connections_beyond_the_maximum_are_refused_with_a_log_line(engine):
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), max_connections=1)
+        config = ProxyConfig(
+            Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), max_connections=1, engine=engine
+        )
         port = (await nursery.start(Proxy(config).serve))[0].port
         with trio.fail_after(10), capture_logs() as logs:
             first = await trio.open_tcp_stream("127.0.0.1", port)
@@ -255,13 +264,13 @@ async def test_upstream_connect_is_retried_a_bounded_number_of_times():
     assert [e["attempts"] for e in logs if e["event"] == "upstream unreachable, closing client"] == [3]
 
 
-async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on(mock_clock):
+async def test_a_client_that_stalls_mid_frame_is_closed_while_others_carry_on(mock_clock, engine):
     """The default frame timeout (30 s), on trio's MockClock at real rate, carried past by ``jump``."""
     mock_clock.rate = 1.0
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port))
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), engine=engine)
         port = (await nursery.start(Proxy(config).serve))[0].port
         with capture_logs() as logs:
             with trio.fail_after(10):
@@ -287,11 +296,11 @@ def big_request(correlation_id: int, body: bytes) -> bytes:
     return len(payload).to_bytes(4, "big") + payload
 
 
-async def test_concurrent_big_frames_never_mix_between_connections():
+async def test_concurrent_big_frames_never_mix_between_connections(engine):
     """The readers share one receive buffer: what each client gets back must be its own bytes."""
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
-        _, port = await start_pair(nursery, broker)
+        _, port = await start_pair(nursery, broker, engine)
 
         async def client(number: int) -> None:
             stream = await trio.open_tcp_stream("127.0.0.1", port)

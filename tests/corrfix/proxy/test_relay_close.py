@@ -80,7 +80,7 @@ async def read_back(bootstrap: str, topic: str, expected: int) -> list[bytes]:
 @pytest.mark.parametrize("pause", [0.0, 0.3], ids=["at-once", "paused"])
 @pytest.mark.parametrize("half_close", [True, False], ids=["half-close", "close"])
 async def test_every_request_read_reaches_the_broker_when_the_client_leaves(
-    tansu_factory, requests: int, pause: float, half_close: bool
+    tansu_factory, requests: int, pause: float, half_close: bool, engine: bool
 ):
     port = free_port()
     broker = tansu_factory()  # advertises itself: the read-back goes straight to Tansu
@@ -89,7 +89,9 @@ async def test_every_request_read_reaches_the_broker_when_the_client_leaves(
     frames = [acks0_produce(topic, i * RECORDS_PER_REQUEST, i) for i in range(requests)]
     expected = clients.expected_values(requests * RECORDS_PER_REQUEST)
     async with trio.open_nursery() as nursery:
-        proxy = Proxy(ProxyConfig(Address("127.0.0.1", port), Address("127.0.0.1", broker.port)))
+        proxy = Proxy(
+            ProxyConfig(Address("127.0.0.1", port), Address("127.0.0.1", broker.port), engine=engine)
+        )
         await nursery.start(proxy.serve)
         await in_thread(send_then_close, f"127.0.0.1:{port}", frames, half_close=half_close, pause=pause)
         values = await in_thread(
@@ -106,7 +108,7 @@ def api_versions_request(correlation_id: int) -> bytes:
     return encode_request(ApiVersionsRequest[0](), correlation_id=correlation_id, client_id="half-closer")
 
 
-async def test_drain_sends_every_request_read_and_ends_the_client_cleanly(tansu_factory):
+async def test_drain_sends_every_request_read_and_ends_the_client_cleanly(tansu_factory, engine):
     """SIGTERM's drain: acks=0 requests already read reach the broker, and the client sees
     an end of stream, not a reset, although it keeps sending after the drain began."""
     broker = tansu_factory()
@@ -115,7 +117,7 @@ async def test_drain_sends_every_request_read_and_ends_the_client_cleanly(tansu_
     requests = 50
     expected = clients.expected_values(requests * RECORDS_PER_REQUEST)
     async with trio.open_nursery() as nursery:
-        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker.port)))
+        proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker.port), engine=engine))
         port = (await nursery.start(proxy.serve))[0].port
         with trio.fail_after(30):
             stream = await trio.open_tcp_stream("127.0.0.1", port)

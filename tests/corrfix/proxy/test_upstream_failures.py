@@ -75,11 +75,11 @@ def produce_confluent(bootstrap: str, crash_point: threading.Event) -> int:
 @pytest.mark.parametrize(
     "produce", [produce_kafka_python, produce_confluent], ids=["kafka-python", "confluent"]
 )
-async def test_broker_crash_and_restart_under_load_loses_nothing(produce):
+async def test_broker_crash_and_restart_under_load_loses_nothing(produce, engine):
     crash_point = threading.Event()
     with trio.fail_after(TEST_TIMEOUT), capture_logs() as logs:
         async with trio.open_nursery() as nursery:
-            stack = await start_stack(nursery, node_ids=(1,), topics={TOPIC: PARTITIONS})
+            stack = await start_stack(nursery, node_ids=(1,), topics={TOPIC: PARTITIONS}, engine=engine)
             broker = stack.cluster.brokers[1]
             producing = trio.Event()
             delivered: list[int] = []

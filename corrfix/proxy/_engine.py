@@ -1,0 +1,571 @@
+"""The relay engine: every plaintext connection of a trio run in one epoll set, serviced by one task.
+
+trio does what it is good at: accept, upstream connect, TLS handshakes, signals, drain and
+cancellation. Once both sides of a plaintext connection are up, the connection is adopted
+here. Its two sockets join a private ``select.epoll`` set, and one trio task waits for that
+set's descriptor to become readable (``trio.lowlevel.wait_readable``). Each time it is, the
+task services every ready socket: it receives into one shared buffer, feeds the
+connection's :class:`~corrfix.core.ConnectionCore` with ``now`` (read once per pass), and
+sends what the core returned straight away. trio is woken once per batch of ready sockets,
+not once per socket and direction, and no task switch sits between a receive and the send
+it causes.
+
+- A socket is registered for EPOLLOUT only while it holds bytes it could not send yet;
+  EPOLLIN follows the core's decisions (stop reading, backpressure, discarding a closing
+  client's input). A socket nobody waits on leaves the set.
+- Every connection's next deadline sits in one heap, with lazy deletion; the nearest is the
+  engine task's trio deadline.
+- Fairness: at most ``fair_reads`` receives per socket and pass. The set is level-triggered,
+  so whatever is left is reported again on the next pass, after every other ready socket.
+- Nothing here blocks: every socket is non-blocking, and an error, a bad peer or a bug costs
+  its own connection only.
+
+The core's decisions are carried out as the per-connection tasks (proxy/_connection.py,
+still used for TLS) carry them out: the same half-close with ``shutdown(SHUT_WR)``, the same
+close grace and linger, the same discarding of a client's input after the proxy's end of
+stream, the same log lines and close reasons. Sockets are closed by the connection's own
+task, which waits in :meth:`Relayed.finished` meanwhile, and only once the core says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import math
+import os
+import select
+import socket
+
+import trio
+
+from corrfix.core import CLOSE_GRACE, DISCARD_LIMIT, ConnectionCore
+from corrfix.proxy._sinks import ConnectionSinks
+from corrfix.proxy._streams import FAIR_READS, receive_buffer, write_frames
+
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+_READABLE = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+MAX_EVENTS = 1024
+"""Ready sockets taken per pass; any more are reported on the next one."""
+
+# The client side's way out once everything owed to it was sent (docs/repair.md, "Closing").
+_OPEN, _GRACE, _DISCARDING = 0, 1, 2
+
+
+class _Side:
+    """One socket of a relayed connection: what is waiting to be sent, and what epoll watches."""
+
+    __slots__ = (
+        "backlog",
+        "broken",
+        "client",
+        "dropping",
+        "ended",
+        "error",
+        "fd",
+        "finishing",
+        "mask",
+        "owner",
+        "sock",
+    )
+
+    def __init__(self, owner: Relayed, stream: trio.SocketStream, client: bool) -> None:
+        self.owner = owner
+        self.sock = stream.socket
+        self.fd = stream.socket.fileno()
+        if os.get_blocking(self.fd):
+            os.set_blocking(self.fd, False)  # never the case with trio's sockets; the engine must not block
+        self.client = client
+        self.backlog = bytearray()
+        """Bytes the socket did not take yet (copied: the core may patch its frames later)."""
+        self.mask = 0
+        """What the epoll set watches on this socket (0: not in the set)."""
+        self.finishing = False
+        """End the stream once the backlog is sent (end_upstream, end_client)."""
+        self.ended = False
+        self.dropping = False
+        """The client is gone: drop what is queued and everything from now on."""
+        self.error: OSError | None = None
+        """A send failed; reported to the core once the current batch is carried out."""
+        self.broken = False
+        """Sending failed: nothing more is sent, and this side never completes."""
+
+
+class Relayed:
+    """A connection the engine relays. Its task waits in :meth:`finished` until it is over."""
+
+    __slots__ = (
+        "_engine",
+        "client",
+        "close_linger",
+        "core",
+        "decided",
+        "discarded",
+        "done",
+        "error",
+        "local_deadline",
+        "over",
+        "paused",
+        "phase",
+        "released",
+        "scheduled",
+        "sinks",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        engine: RelayEngine,
+        core: ConnectionCore,
+        client: trio.SocketStream,
+        upstream: trio.SocketStream,
+        sinks: ConnectionSinks,
+        close_linger: float,
+    ) -> None:
+        self._engine = engine
+        self.core = core
+        self.sinks = sinks
+        self.close_linger = close_linger
+        self.client = _Side(self, client, True)
+        self.upstream = _Side(self, upstream, False)
+        self.decided = -1  # the core's decisions carried out so far
+        self.paused = False  # client reads paused for backpressure (the core is told)
+        self.phase = _OPEN
+        self.local_deadline = math.inf  # the close grace, then the linger of the discarding
+        self.discarded = 0
+        self.scheduled = math.inf  # time of this connection's live entry in the heap
+        self.done = trio.Event()
+        self.error: Exception | None = None
+        self.over = False
+        self.released = False
+
+    async def finished(self) -> None:
+        """Wait until the connection is over; if cancelled, the engine forgets it first, so its
+        sockets can be closed. An internal error of the engine's on this connection is raised here."""
+        try:
+            await self.done.wait()
+        finally:
+            self._engine.forget(self)
+        if self.error is not None:
+            raise self.error
+
+    def apply(self) -> None:
+        """The core was called from outside the engine (a drain): carry out what it decided."""
+        self._engine.apply(self)
+
+    def interest(self) -> tuple[int, int]:
+        """What the epoll set watches on the client and on the broker socket (EPOLLIN, EPOLLOUT)."""
+        return self.client.mask, self.upstream.mask
+
+
+class RelayEngine:
+    """One epoll set and one trio task for every plaintext connection of a trio run."""
+
+    def __init__(self, *, receive_size: int | None = None, fair_reads: int = FAIR_READS) -> None:
+        self._buffer = receive_buffer() if receive_size is None else bytearray(receive_size)
+        self._buffers = [self._buffer]
+        self._size = len(self._buffer)
+        self._fair_reads = fair_reads
+        self._epoll: select.epoll | None = None
+        self._sides: dict[int, _Side] = {}
+        self._live: set[Relayed] = set()
+        self._heap: list[tuple[float, int, Relayed]] = []
+        self._order = itertools.count()
+        self._scope: trio.CancelScope | None = None
+        self._running = False
+        self.passes = 0
+        """Times the task found sockets ready (a count for tests and profiles)."""
+
+    @property
+    def connections(self) -> int:
+        return len(self._live)
+
+    def adopt(
+        self,
+        core: ConnectionCore,
+        client: trio.SocketStream,
+        upstream: trio.SocketStream,
+        sinks: ConnectionSinks,
+        *,
+        close_linger: float,
+    ) -> Relayed:
+        """Relay this connection from now on; its task then awaits :meth:`Relayed.finished`."""
+        relayed = Relayed(self, core, client, upstream, sinks, close_linger)
+        if self._epoll is None:
+            self._epoll = select.epoll()
+        self._live.add(relayed)
+        self._sides[relayed.client.fd] = relayed.client
+        self._sides[relayed.upstream.fd] = relayed.upstream
+        if not self._running:
+            self._running = True
+            trio.lowlevel.spawn_system_task(self._run, name="corrfix relay engine")
+        self.apply(relayed)
+        return relayed
+
+    def apply(self, relayed: Relayed) -> None:
+        if relayed.over:
+            return
+        try:
+            self._sync(relayed, trio.current_time())
+        except Exception as exc:
+            self._fail(relayed, exc)
+
+    def forget(self, relayed: Relayed) -> None:
+        """Take the connection's sockets out of the set (before they are closed)."""
+        self._release(relayed)
+        relayed.over = True
+        if not self._live and self._scope is not None:
+            self._scope.cancel()  # nothing left to wait for: the task ends
+
+    # -- the task ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        epoll = self._epoll
+        assert epoll is not None
+        fd = epoll.fileno()
+        try:
+            while self._live:
+                with trio.CancelScope() as scope:
+                    self._scope = scope
+                    scope.deadline = self._heap[0][0] if self._heap else math.inf
+                    while self._live:
+                        await trio.lowlevel.wait_readable(fd)
+                        self._pass()
+                self._scope = None
+                self._timers(trio.current_time())
+        except Exception as exc:  # a bug here must cost the connections, never the trio run
+            for relayed in list(self._live):
+                self._fail(relayed, exc)
+        finally:
+            self._scope = None
+            self._running = False
+            if not self._live:
+                self._epoll = None
+                epoll.close()
+
+    def _pass(self) -> None:
+        assert self._epoll is not None
+        ready = self._epoll.poll(0, MAX_EVENTS)
+        if not ready:
+            return
+        self.passes += 1
+        now = trio.current_time()
+        sides = self._sides
+        for fd, flags in ready:
+            side = sides.get(fd)
+            if side is None:
+                continue  # its connection ended earlier in this pass
+            relayed = side.owner
+            try:
+                if flags & _OUT or (side.backlog and flags & _READABLE):
+                    self._flush(side, now)
+                if flags & _READABLE and side.mask & _IN and not relayed.over:
+                    if side.client and relayed.phase == _DISCARDING:
+                        self._discard(side)
+                    else:
+                        self._receive(side, now)
+            except Exception as exc:
+                self._fail(relayed, exc)
+        if self._heap and self._heap[0][0] <= now:
+            self._timers(now)
+        scope = self._scope
+        if scope is not None:
+            heap = self._heap
+            due = heap[0][0] if heap else math.inf
+            if scope.deadline != due:
+                scope.deadline = due
+
+    # -- sockets -------------------------------------------------------------------------
+
+    def _receive(self, side: _Side, now: float) -> None:
+        relayed = side.owner
+        core = relayed.core
+        sinks = relayed.sinks
+        fd, buffers, size = side.fd, self._buffers, self._size
+        for _ in range(self._fair_reads):
+            try:
+                received = os.readv(fd, buffers)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                broken = f"socket connection broken: {exc}"
+                if side.client:
+                    core.client_lost(f"client connection lost: {broken}", now)
+                else:
+                    core.upstream_lost(broken, now)
+                self._sync(relayed, now)
+                return
+            # No await until the core is done with it: the buffer is shared by every socket.
+            data = memoryview(self._buffer)[:received]
+            if side.client:
+                if received and sinks.metrics is not None:
+                    sinks.received_from_client(received)
+                core.receive_client(data, now)
+            else:
+                if received and sinks.metrics is not None:
+                    sinks.received_from_upstream(received)
+                core.receive_upstream(data, now)
+            self._sync(relayed, now)
+            # A short read emptied the socket; epoll reports anything newer on the next pass.
+            if received < size or not side.mask & _IN or relayed.over:
+                return
+
+    def _discard(self, side: _Side) -> None:
+        """Read and drop a client's bytes after the proxy's end of stream, until it ends its own."""
+        relayed = side.owner
+        for _ in range(self._fair_reads):
+            try:
+                received = os.readv(side.fd, self._buffers)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._end(relayed)  # the client is gone, and nothing more is owed to it
+                return
+            if not received:
+                self._end(relayed)
+                return
+            relayed.discarded += received
+            if relayed.discarded > DISCARD_LIMIT:
+                self._kept_sending(relayed)
+                return
+            if received < self._size:
+                return
+
+    def _write(self, side: _Side, frames: list[bytearray]) -> None:
+        if side.dropping or side.broken or side.ended:
+            return
+        backlog = side.backlog
+        if backlog:
+            for frame in frames:
+                backlog += frame
+            return
+        try:
+            rest = write_frames(side.fd, frames)
+        except OSError as exc:
+            side.error = exc
+            return
+        for view in rest:
+            backlog += view
+
+    def _flush(self, side: _Side, now: float) -> None:
+        backlog = side.backlog
+        if not backlog or side.broken:
+            return
+        try:
+            sent = os.write(side.fd, backlog)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            side.error = exc
+            sent = 0
+        del backlog[:sent]
+        self._sync(side.owner, now)
+
+    def _register(self, side: _Side, mask: int) -> None:
+        current = side.mask
+        if mask == current:
+            return
+        epoll = self._epoll
+        assert epoll is not None
+        if not current:
+            epoll.register(side.fd, mask)
+        elif not mask:
+            epoll.unregister(side.fd)
+        else:
+            epoll.modify(side.fd, mask)
+        side.mask = mask
+
+    # -- carrying out what the core decided ----------------------------------------------
+
+    def _sync(self, relayed: Relayed, now: float) -> None:
+        core = relayed.core
+        client, upstream = relayed.client, relayed.upstream
+        while True:
+            to_upstream, to_client, events = core.take()
+            if to_upstream:
+                self._write(upstream, to_upstream)
+            if to_client:
+                self._write(client, to_client)
+            if events or (relayed.sinks.metrics is not None and (to_upstream or to_client)):
+                relayed.sinks.output(to_upstream, to_client, events)
+            if core.decided != relayed.decided:
+                relayed.decided = core.decided
+                if core.upstream_spoke:
+                    relayed.sinks.upstream_answered()
+                if core.abandon_client and not client.dropping:
+                    client.dropping = True
+                    client.backlog = bytearray()
+                if core.end_upstream:
+                    upstream.finishing = True
+                if core.end_client:
+                    client.finishing = True
+                if core.aborted:
+                    self._end(relayed)
+                    return
+            # A failed send is reported as the writer tasks report it.
+            if upstream.error is not None:
+                error, upstream.error = upstream.error, None
+                upstream.broken = True
+                upstream.backlog = bytearray()
+                core.abort(f"upstream connection lost while sending: socket connection broken: {error}")
+                continue
+            if client.error is not None:
+                error, client.error = client.error, None
+                client.broken = True
+                client.backlog = bytearray()
+                broken = f"socket connection broken: {error}"
+                core.client_lost(f"client connection lost while sending: {broken}", now)
+                continue
+            if upstream.finishing and not upstream.backlog and not upstream.ended and not upstream.broken:
+                # The broker sees its end of stream after the last request, takes every request
+                # before it, and closes its side: the core then ends the connection.
+                upstream.ended = True
+                try:
+                    upstream.sock.shutdown(socket.SHUT_WR)
+                except OSError as exc:
+                    upstream.error = exc
+                    continue
+                core.upstream_flushed(now)
+                continue
+            if client.finishing and not client.backlog and not client.broken and relayed.phase == _OPEN:
+                # Everything owed to the client was sent: the connection is done, once a client
+                # that may still send has had its end of stream (CLOSE_GRACE after the last answers).
+                if not core.discard_client_input:
+                    self._end(relayed)
+                    return
+                relayed.phase = _GRACE
+                relayed.local_deadline = now + CLOSE_GRACE
+            break
+        self._watch(relayed, now)
+        self._schedule(relayed)
+
+    def _watch(self, relayed: Relayed, now: float) -> None:
+        """What epoll watches on both sockets, from the core's flags and the backlogs."""
+        core = relayed.core
+        client, upstream = relayed.client, relayed.upstream
+        if relayed.phase == _DISCARDING:
+            reading = True
+        elif core.stop_client:
+            reading = False
+        elif core.client_read_allowed(len(upstream.backlog)):
+            reading = True
+            if relayed.paused:
+                relayed.paused = False
+                core.resume_client(now)
+        else:
+            reading = False
+            if not relayed.paused:
+                relayed.paused = True
+                core.pause_client()  # the proxy's own stall: an incomplete frame does not age
+        mask = (_IN if reading else 0) | (_OUT if client.backlog else 0)
+        if mask != client.mask:
+            self._register(client, mask)
+        reading = not core.stop_upstream and core.upstream_read_allowed(len(client.backlog))
+        mask = (_IN if reading else 0) | (_OUT if upstream.backlog else 0)
+        if mask != upstream.mask:
+            self._register(upstream, mask)
+
+    # -- time ----------------------------------------------------------------------------
+
+    def _schedule(self, relayed: Relayed) -> None:
+        """Make sure the heap holds an entry no later than the connection's next deadline.
+
+        An entry is pushed only when the deadline moves earlier; one that moves later (the
+        usual case, as answers arrive) keeps its entry, which then fires early, finds nothing
+        due and is pushed again at the new time. Superseded entries are skipped when popped.
+        """
+        due = relayed.core.next_deadline()
+        if relayed.local_deadline < due:
+            due = relayed.local_deadline
+        if due >= relayed.scheduled:
+            return
+        relayed.scheduled = due
+        heap = self._heap
+        heapq.heappush(heap, (due, next(self._order), relayed))
+        if len(heap) > 2 * len(self._live) + 64:
+            # Mostly superseded entries: keep one per connection.
+            heap = [(r.scheduled, next(self._order), r) for r in self._live if r.scheduled < math.inf]
+            heapq.heapify(heap)
+            self._heap = heap
+        scope = self._scope
+        if scope is not None and due < scope.deadline:
+            scope.deadline = due
+
+    def _timers(self, now: float) -> None:
+        heap = self._heap
+        due: list[Relayed] = []
+        while heap and heap[0][0] <= now:
+            when, _, relayed = heapq.heappop(heap)
+            if when == relayed.scheduled and not relayed.over:
+                relayed.scheduled = math.inf
+                due.append(relayed)
+        for relayed in due:
+            try:
+                if relayed.core.next_deadline() <= now:
+                    relayed.core.tick(now)
+                    self._sync(relayed, now)
+                if relayed.local_deadline <= now and not relayed.over:
+                    self._local_deadline(relayed, now)
+                if not relayed.over:
+                    self._schedule(relayed)
+            except Exception as exc:
+                self._fail(relayed, exc)
+
+    def _local_deadline(self, relayed: Relayed, now: float) -> None:
+        if relayed.phase == _GRACE:
+            relayed.phase = _DISCARDING
+            relayed.local_deadline = now + relayed.close_linger
+            try:
+                relayed.client.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._end(relayed)  # the client is gone, and nothing more is owed to it
+                return
+            self._watch(relayed, now)
+        elif relayed.phase == _DISCARDING:
+            self._kept_sending(relayed)
+
+    def _kept_sending(self, relayed: Relayed) -> None:
+        discarded = relayed.discarded
+        relayed.sinks.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+        self._end(relayed)
+
+    # -- the end of a connection ---------------------------------------------------------
+
+    def _end(self, relayed: Relayed) -> None:
+        """The connection is over: its task wakes and closes both sockets."""
+        if relayed.over:
+            return
+        relayed.over = True
+        self._release(relayed)
+        relayed.done.set()
+
+    def _fail(self, relayed: Relayed, exc: Exception) -> None:
+        """A bug met on one connection: its task raises it and the connection is closed."""
+        relayed.error = exc
+        self._end(relayed)
+
+    def _release(self, relayed: Relayed) -> None:
+        if relayed.released:
+            return
+        relayed.released = True
+        self._live.discard(relayed)
+        for side in (relayed.client, relayed.upstream):
+            if self._sides.get(side.fd) is side:
+                del self._sides[side.fd]
+            if side.mask and self._epoll is not None:
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(side.fd)
+                side.mask = 0
+
+
+_ENGINE: trio.lowlevel.RunVar[RelayEngine] = trio.lowlevel.RunVar("corrfix_relay_engine")
+
+
+def current_engine() -> RelayEngine:
+    """The engine of this trio run (one per process, and per worker), made on first use."""
+    try:
+        return _ENGINE.get()
+    except LookupError:
+        engine = RelayEngine()
+        _ENGINE.set(engine)
+        return engine

@@ -1,0 +1,129 @@
+"""Where one connection's output and events go: metrics, the log, the observer and the process counts.
+
+Both relay paths (the per-connection tasks for TLS, the engine for plaintext) hand every
+batch the core returned to :class:`ConnectionSinks`, so a connection is counted and logged
+the same way whichever path relays it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from structlog.typing import FilteringBoundLogger
+
+from corrfix.core import Address, Answered, Event, Forwarded, Notice, Repaired, RepairKind
+from corrfix.proxy._metrics import ProxyMetrics
+from corrfix.proxy._observer import ConnectionObserver
+
+_LOUD_EVENTS = {
+    RepairKind.SKIP_DETECTED,
+    RepairKind.REQUEUE,
+    RepairKind.PROBE_FOUND_LOSS,
+    RepairKind.POSSIBLE_DUPLICATE,
+    RepairKind.GIVE_UP,
+}
+
+
+@dataclass
+class ProxyStats:
+    """Process-wide counts; the metrics endpoint and the connection summaries read them."""
+
+    connections_opened: int = 0
+    connections_active: int = 0
+    repairs: Counter[str] = field(default_factory=Counter)
+    answering_upstreams: set[Address] = field(default_factory=set)
+    """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
+
+
+class ConnectionSinks:
+    """One connection's metrics, log lines, observer calls and repair counts."""
+
+    __slots__ = ("_upstream_marked", "conn_id", "log", "metrics", "observer", "repairs", "stats", "upstream")
+
+    def __init__(
+        self,
+        conn_id: str,
+        log: FilteringBoundLogger,
+        stats: ProxyStats,
+        upstream: Address,
+        metrics: ProxyMetrics | None,
+        observer: ConnectionObserver | None,
+    ) -> None:
+        self.conn_id = conn_id
+        self.log = log
+        self.stats = stats
+        self.upstream = upstream
+        self.metrics = metrics
+        self.observer = observer
+        self.repairs: Counter[str] = Counter()
+        self._upstream_marked = False
+
+    def received_from_client(self, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.client_request_bytes.inc(size)
+
+    def received_from_upstream(self, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream_response_bytes.inc(size)
+
+    def output(self, to_upstream: list[bytearray], to_client: list[bytearray], events: list[Event]) -> None:
+        """One batch the core handed over (its frames are sent by the caller)."""
+        metrics = self.metrics
+        if metrics is not None:
+            if to_upstream:
+                metrics.upstream_request_bytes.inc(sum(map(len, to_upstream)))
+            if to_client:
+                metrics.client_response_bytes.inc(sum(map(len, to_client)))
+        if events:
+            if self.observer is not None:
+                self.observer.events(self.conn_id, events)
+            self._consume(events)
+
+    def upstream_answered(self) -> None:
+        """The broker answered in plaintext: a later silent close by it is no TLS hint."""
+        if not self._upstream_marked:
+            self._upstream_marked = True
+            self.stats.answering_upstreams.add(self.upstream)
+
+    def _consume(self, events: Sequence[Event]) -> None:
+        """Metrics and logs from the core's events; requests are counted once per api key and batch."""
+        metrics = self.metrics
+        forwarded: dict[int, int] = {}
+        for event in events:
+            if isinstance(event, Forwarded):
+                forwarded[event.api_key] = forwarded.get(event.api_key, 0) + 1
+            elif isinstance(event, Answered):
+                if metrics is not None:
+                    metrics.answer(event.api_key, event.seconds)
+            elif isinstance(event, Repaired):
+                self._record(event)
+            elif isinstance(event, Notice):
+                if event.level == "warning":
+                    self.log.warning(event.message, **dict(event.details))
+                else:
+                    self.log.info(event.message, **dict(event.details))
+        if metrics is not None:
+            for api_key, count in forwarded.items():
+                metrics.request(api_key, count)
+
+    def _record(self, event: Repaired) -> None:
+        kind = event.kind.value
+        self.repairs[kind] += 1
+        self.stats.repairs[kind] += 1
+        if self.metrics is not None:
+            self.metrics.repair(kind)
+        fields = {
+            "api": event.api,
+            "client_correlation_id": event.client_correlation_id,
+            "upstream_correlation_id": event.upstream_correlation_id,
+            "new_upstream_correlation_id": event.new_upstream_correlation_id,
+            "attempt": event.attempt,
+            "reason": event.reason or None,
+        }
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if event.kind in _LOUD_EVENTS:
+            self.log.warning(f"repair.{kind}", **fields)
+        else:
+            self.log.debug(f"repair.{kind}", **fields)

@@ -1,0 +1,349 @@
+"""The relay engine's own mechanics, on real loopback sockets with the test as client and broker.
+
+The relay scenarios themselves (repairs, closing, hostile peers, real clients) run through
+the engine and through tasks in the other test modules; these check what only the engine
+does: which sockets epoll watches, how receives are shared out, one heap of deadlines, and
+that what goes wrong on one connection stays there.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+from dataclasses import dataclass, field
+
+import pytest
+import structlog
+import trio
+from structlog.testing import capture_logs
+from trio.testing import wait_all_tasks_blocked
+
+from corrfix.core import (
+    CLOSE_GRACE,
+    LOOPBACK,
+    Address,
+    ConnectionConfig,
+    ConnectionCore,
+    Event,
+    RepairMachine,
+)
+from corrfix.proxy._engine import Relayed, RelayEngine
+from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
+from protocol import ApiKey, parse_request_header
+from protocol.testing import request_frame
+from tests.support.fake_broker import answers, echo_answer, read_frames
+
+TEST_DEADLINE = 20.0
+"""A hang guard around each test's network steps, not a timed assertion."""
+
+
+async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Both ends of one loopback TCP connection."""
+    listener = trio.socket.socket()
+    await listener.bind((LOOPBACK, 0))
+    listener.listen(1)
+    near = trio.socket.socket()
+    await near.connect(listener.getsockname())
+    far, _ = await listener.accept()
+    listener.close()
+    return trio.SocketStream(near), trio.SocketStream(far)
+
+
+@dataclass
+class Link:
+    """One relayed connection: the test plays its client and its broker; the proxy's two sockets
+    sit in between, relayed by the engine once :meth:`adopt` hands them over."""
+
+    client: trio.SocketStream
+    proxy_client: trio.SocketStream
+    proxy_upstream: trio.SocketStream
+    broker: trio.SocketStream
+    name: str
+    relayed: Relayed | None = None
+    over: trio.Event = field(default_factory=trio.Event)
+    over_at: float | None = None
+    error: Exception | None = None
+
+    @classmethod
+    async def open(cls, name: str) -> Link:
+        client, proxy_client = await tcp_pair()
+        proxy_upstream, broker = await tcp_pair()
+        return cls(client, proxy_client, proxy_upstream, broker, name)
+
+    def adopt(
+        self,
+        engine: RelayEngine,
+        nursery: trio.Nursery,
+        config: ConnectionConfig | None = None,
+        observer: object = None,
+    ) -> Relayed:
+        config = config or ConnectionConfig()
+        core = ConnectionCore(config, RepairMachine(config.repair), trio.current_time())
+        log = structlog.get_logger("corrfix.proxy").bind(connection=self.name)
+        sinks = ConnectionSinks(self.name, log, ProxyStats(), Address(LOOPBACK, 9092), None, observer)  # type: ignore[arg-type]
+        self.relayed = engine.adopt(
+            core, self.proxy_client, self.proxy_upstream, sinks, close_linger=config.close_linger
+        )
+        nursery.start_soon(self._connection_task)
+        return self.relayed
+
+    async def _connection_task(self) -> None:
+        """What the proxy's connection task does: wait until the engine is done, then close."""
+        assert self.relayed is not None
+        try:
+            await self.relayed.finished()
+        except RuntimeError as exc:
+            self.error = exc
+        finally:
+            self.over_at = trio.current_time()
+            await trio.aclose_forcefully(self.proxy_upstream)
+            await trio.aclose_forcefully(self.proxy_client)
+            self.over.set()
+
+    @property
+    def reason(self) -> str:
+        assert self.relayed is not None
+        return self.relayed.core.closed().reason
+
+    async def round_trip(self, correlation_id: int) -> None:
+        """One request through the proxy, answered by the test's broker, back to the client."""
+        await self.client.send_all(request_frame(ApiKey.LIST_OFFSETS, correlation_id, correlation_id))
+        (request,) = await read_frames(self.broker, 1)
+        await self.broker.send_all(answer_to(request))
+        assert answers(await read_frames(self.client, 1)) == [(correlation_id, correlation_id)]
+
+
+def answer_to(request: bytes | bytearray) -> bytes:
+    header = parse_request_header(request)
+    assert header.body_offset is not None
+    return echo_answer(request, header.body_offset)
+
+
+def padded_request(correlation_id: int, size: int) -> bytes:
+    """A ListOffsets-keyed request of ``size`` bytes (the proxy reads only its header)."""
+    small = request_frame(ApiKey.LIST_OFFSETS, correlation_id, correlation_id)
+    padded = small[:-8] + bytes(size - len(small)) + small[-8:]
+    padded[:4] = (len(padded) - 4).to_bytes(4, "big")
+    return bytes(padded)
+
+
+def available(stream: trio.SocketStream) -> int:
+    """Bytes waiting in the socket right now, read and dropped without waiting."""
+    total = 0
+    while True:
+        try:
+            chunk = os.read(stream.socket.fileno(), 1 << 20)
+        except BlockingIOError:
+            return total
+        if not chunk:
+            return total
+        total += len(chunk)
+
+
+async def count_until(stream: trio.SocketStream, total: int) -> None:
+    """Read and drop bytes until ``total`` have arrived."""
+    while total > 0:
+        data = await stream.receive_some(1 << 20)
+        assert data, "closed early"
+        total -= len(data)
+
+
+async def polite_client(link: Link) -> None:
+    """Reads until the proxy ends its stream, then closes, as a well-behaved client does."""
+    while await link.client.receive_some(65536):
+        pass
+    await link.client.aclose()
+
+
+# -- epoll's interest follows the backlog and the core ---------------------------------------
+
+
+async def test_epollout_is_watched_only_while_a_socket_holds_unsent_bytes():
+    engine = RelayEngine()
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("c1")
+        # Small buffers on the way to the client, so a 1 MiB answer cannot go at once.
+        link.client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        link.proxy_client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+        relayed = link.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await wait_all_tasks_blocked()
+            assert relayed.interest() == (select.EPOLLIN, select.EPOLLIN)
+            await link.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 7, 7))
+            (request,) = await read_frames(link.broker, 1)
+            big = bytearray(padded_request(0, 1024 * 1024))
+            big[8:12] = request[8:12]  # the upstream id
+            answer = answer_to(big)
+            await link.broker.send_all(answer)
+            await wait_all_tasks_blocked()
+            client_interest, upstream_interest = relayed.interest()
+            assert client_interest == select.EPOLLIN | select.EPOLLOUT  # bytes wait for the client
+            assert upstream_interest == select.EPOLLIN
+            (delivered,) = await read_frames(link.client, 1)
+            await wait_all_tasks_blocked()
+            assert relayed.interest() == (select.EPOLLIN, select.EPOLLIN)  # nothing left to send
+        assert len(delivered) == len(answer) and delivered[4:8] == (7).to_bytes(4, "big")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_side_that_stops_reading_leaves_the_set():
+    """A client's end of stream: no more reads from it, so epoll stops watching its socket
+    (a level-triggered set would otherwise report its end of stream on every pass)."""
+    engine = RelayEngine()
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("c1")
+        relayed = link.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await link.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 3, 3))
+            await link.client.send_eof()
+            (request,) = await read_frames(link.broker, 1)
+            # Returns only once the engine waits: a socket left in the set would be reported
+            # (its end of stream) on every pass, and the engine would never wait.
+            await wait_all_tasks_blocked()
+            assert relayed.interest() == (0, select.EPOLLIN)  # still owed an answer
+            await link.broker.send_all(answer_to(request))
+            assert answers(await read_frames(link.client, 1)) == [(3, 3)]
+            assert await link.broker.receive_some(100) == b""  # then the broker's side is half-closed
+            await link.broker.aclose()
+            assert await link.client.receive_some(100) == b""
+            await link.over.wait()
+        assert link.reason == "client closed"
+        nursery.cancel_scope.cancel()
+
+
+# -- fairness ----------------------------------------------------------------------------------
+
+RECEIVE = 2048
+FAIR = 2
+
+
+async def test_a_flood_on_one_connection_does_not_starve_another():
+    """Connection A has 96 KiB of requests waiting, B one request; both are ready on the first
+    pass. With 2 KiB receives and two per socket and pass, B's request reaches its broker while
+    A has had only a pass or two of receives, and A is then relayed in full."""
+    engine = RelayEngine(receive_size=RECEIVE, fair_reads=FAIR)
+    flood = [padded_request(i, 1000) for i in range(96)]
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        a.proxy_client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024 * 1024)
+        with trio.fail_after(TEST_DEADLINE):
+            await a.client.send_all(b"".join(flood))  # in the kernel's buffers before the engine looks
+            await b.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+            a.adopt(engine, nursery)
+            b.adopt(engine, nursery)
+            # Woken with B's request waiting: the engine ran the pass that relayed it, and at
+            # most one more, in the batch of tasks that woke this one.
+            await trio.lowlevel.wait_readable(b.broker.socket)
+            relayed_of_a = available(a.broker)
+            assert relayed_of_a <= 2 * FAIR * RECEIVE, relayed_of_a
+            (request,) = await read_frames(b.broker, 1)
+            await b.broker.send_all(answer_to(request))
+            assert answers(await read_frames(b.client, 1)) == [(1, 1)]
+            await count_until(a.broker, sum(map(len, flood)) - relayed_of_a)  # and A in full
+        nursery.cancel_scope.cancel()
+
+
+# -- one heap of deadlines -------------------------------------------------------------------
+
+
+async def test_every_connection_closes_at_its_own_deadline_from_one_heap(mock_clock):
+    """Two idle timeouts (30 s and 10 s) on the MockClock. A's activity at 20 s moves its deadline
+    to 50 s: its heap entry for 30 s fires early, finds nothing due and is pushed again. B's client
+    leaves at its end of stream; A's does not, so A is closed after the close linger."""
+    mock_clock.autojump_threshold = 0
+    engine = RelayEngine()
+    start = trio.current_time()
+    with capture_logs() as logs, trio.fail_after(1000):  # virtual seconds: a hang guard
+        async with trio.open_nursery() as nursery:
+            a, b = await Link.open("a"), await Link.open("b")
+            config_a = ConnectionConfig(idle_timeout=30.0)
+            a.adopt(engine, nursery, config_a)
+            b.adopt(engine, nursery, ConnectionConfig(idle_timeout=10.0))
+            nursery.start_soon(polite_client, b)
+            await trio.sleep(20)
+            await a.round_trip(5)
+            assert not a.over.is_set()
+            assert await a.client.receive_some(100) == b""  # A's client reads the end of stream...
+            await a.over.wait()  # ...but neither closes nor sends
+            await b.over.wait()
+            nursery.cancel_scope.cancel()
+    assert b.over_at == pytest.approx(start + 10 + CLOSE_GRACE)
+    assert a.over_at == pytest.approx(start + 20 + 30 + CLOSE_GRACE + config_a.close_linger)
+    assert a.reason == "idle for 30s" and b.reason == "idle for 10s"
+    lingered = [
+        e["connection"] for e in logs if e["event"] == "client kept sending after the proxy's end of stream"
+    ]
+    assert lingered == ["a"]
+    assert engine.connections == 0
+
+
+# -- what goes wrong on one connection stays there ---------------------------------------------
+
+
+def set_reset_on_close(stream: trio.SocketStream) -> None:
+    stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.parametrize("vanishing", ["client", "broker"])
+async def test_a_vanished_peer_closes_its_own_connection_only(vanishing):
+    engine = RelayEngine()
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        a.adopt(engine, nursery)
+        b.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await a.round_trip(1)
+            await b.round_trip(1)
+            await a.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
+            await read_frames(a.broker, 1)  # outstanding when the peer vanishes
+            if vanishing == "client":
+                set_reset_on_close(a.client)
+                await a.client.aclose()
+                # The request read before still reached the broker; then its side is half-closed
+                # (after any probe the proxy sent meanwhile).
+                while await a.broker.receive_some(65536):
+                    pass
+                await a.broker.aclose()
+            else:
+                set_reset_on_close(a.broker)
+                await a.broker.aclose()
+                nursery.start_soon(polite_client, a)
+            await a.over.wait()
+            for correlation_id in range(2, 12):
+                await b.round_trip(correlation_id)
+        expected = "client connection lost" if vanishing == "client" else "upstream closed with 1 requests"
+        assert a.reason.startswith(expected), a.reason
+        assert not b.over.is_set() and engine.connections == 1
+        nursery.cancel_scope.cancel()
+
+
+class BrokenObserver:
+    """An observer with a bug: the connection it watches must be the only one to suffer."""
+
+    snaplen = 0
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        pass
+
+    def events(self, connection: str, events: list[Event]) -> None:
+        raise RuntimeError("observer bug")
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        pass
+
+
+async def test_a_bug_on_one_connection_costs_that_connection_only():
+    engine = RelayEngine()
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        a.adopt(engine, nursery, observer=BrokenObserver())
+        b.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await a.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+            await a.over.wait()
+            await b.round_trip(1)
+        assert str(a.error) == "observer bug"
+        assert not b.over.is_set() and engine.connections == 1
+        nursery.cancel_scope.cancel()
