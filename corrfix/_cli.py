@@ -15,6 +15,7 @@ import structlog
 import trio
 
 from corrfix import _argtypes as argtypes
+from corrfix._version import VersionAction
 from corrfix.core import Address, BrokerPorts, RepairConfig
 from corrfix.proxy import (
     DEFAULT_READY_INTERVAL,
@@ -478,6 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="corrfix",
         description="A Kafka sidecar proxy that owns correlation ids and repairs lost, stray and "
         "out-of-order responses.",
+    )
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print corrfix's version, Python's and its libraries', and exit",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser._proxy_parser = _add_proxy_parser(subparsers)  # type: ignore[attr-defined]
