@@ -15,6 +15,7 @@ from ._api_versions import (
     strip_tagged_fields,
     unsupported_api_versions_response,
 )
+from ._bodies import body_decodes_exactly
 from ._errors import FrameSizeError, ProtocolError
 from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecoder, frame
 from ._headers import (
@@ -29,6 +30,17 @@ from ._headers import (
     response_correlation_id,
     response_header_version,
 )
+from ._plausible import HEADER_IMPLAUSIBLE, HEADER_NEEDS_MORE, MIN_REQUEST_SIZE, request_header_end
+from ._produce_layout import (
+    NO_PRODUCER_ID,
+    PRODUCE_FIRST_FLEXIBLE,
+    PRODUCE_FIRST_TOPIC_ID,
+    PRODUCE_FIRST_TRANSACTIONAL_ID,
+    RECORD_BATCH_HEADER,
+    RECORD_BATCH_HEADER_SIZE,
+    RECORD_BATCH_LOG_OVERHEAD,
+    RECORD_BATCH_MAGIC_OFFSET,
+)
 from ._requests import (
     expects_response,
     fetch_max_wait_ms,
@@ -38,15 +50,36 @@ from ._requests import (
 )
 from ._rewrite import needs_rewrite, rewrite_response
 from ._sasl import SASL_KEYS, SASL_V0_ROUNDS, SaslV0Tokens, is_sasl_v0_handshake
-from ._schemas import api_name, api_schemas, is_flexible, request_class, response_class
+from ._schemas import (
+    ApiSchema,
+    api_name,
+    api_schemas,
+    every_request_schema,
+    is_flexible,
+    request_class,
+    response_class,
+)
+from ._varint import read_tagged_fields, read_uvarint
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "HEADER_IMPLAUSIBLE",
+    "HEADER_NEEDS_MORE",
+    "MIN_REQUEST_SIZE",
     "MIN_RESPONSE_FRAME",
+    "NO_PRODUCER_ID",
+    "PRODUCE_FIRST_FLEXIBLE",
+    "PRODUCE_FIRST_TOPIC_ID",
+    "PRODUCE_FIRST_TRANSACTIONAL_ID",
+    "RECORD_BATCH_HEADER",
+    "RECORD_BATCH_HEADER_SIZE",
+    "RECORD_BATCH_LOG_OVERHEAD",
+    "RECORD_BATCH_MAGIC_OFFSET",
     "SASL_KEYS",
     "SASL_V0_ROUNDS",
     "SIZE_PREFIX",
     "ApiKey",
+    "ApiSchema",
     "BytesLike",
     "FrameDecoder",
     "FrameSizeError",
@@ -55,9 +88,11 @@ __all__ = [
     "SaslV0Tokens",
     "api_name",
     "api_schemas",
+    "body_decodes_exactly",
     "cap_api_versions",
     "client_software",
     "decodable_max_versions",
+    "every_request_schema",
     "expects_response",
     "fetch_max_wait_ms",
     "frame",
@@ -70,8 +105,11 @@ __all__ = [
     "patch_response_correlation_id",
     "produce_acks",
     "produce_is_idempotent",
+    "read_tagged_fields",
+    "read_uvarint",
     "request_class",
     "request_correlation_id",
+    "request_header_end",
     "request_header_version",
     "response_body_offset",
     "response_class",

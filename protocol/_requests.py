@@ -17,15 +17,18 @@ from protocol._api_key import ApiKey
 from protocol._errors import ProtocolError
 from protocol._framing import BytesLike
 from protocol._headers import RequestHeader
+from protocol._produce_layout import (
+    NO_PRODUCER_ID,
+    PRODUCE_FIRST_FLEXIBLE,
+    PRODUCE_FIRST_TRANSACTIONAL_ID,
+    RECORD_BATCH_HEADER_SIZE,
+    RECORD_BATCH_MAGIC_OFFSET,
+)
 from protocol._schemas import request_class
 from protocol._varint import read_uvarint
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH = ApiKey.PRODUCE, ApiKey.FETCH
-
-NO_PRODUCER_ID = -1
-_RECORD_BATCH_MAGIC_OFFSET = 16
-_RECORD_BATCH_HEADER_SIZE = DefaultRecordBatch.HEADER_STRUCT.size
 
 
 def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
@@ -39,11 +42,11 @@ def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
         raise ProtocolError("Produce request body cannot be located")
     end = len(frame)
     version = header.api_version
-    if version >= 9:
+    if version >= PRODUCE_FIRST_FLEXIBLE:
         length_plus_one, pos = read_uvarint(frame, pos)
         if length_plus_one:
             pos += length_plus_one - 1
-    elif version >= 3:
+    elif version >= PRODUCE_FIRST_TRANSACTIONAL_ID:
         if pos + 2 > end:
             raise ProtocolError("Produce request truncated in transactional_id")
         length = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
@@ -87,7 +90,7 @@ def produce_is_idempotent(frame: BytesLike, header: RequestHeader) -> bool:
             if not records:
                 continue
             data = bytes(records)
-            if len(data) < _RECORD_BATCH_HEADER_SIZE or data[_RECORD_BATCH_MAGIC_OFFSET] != 2:
+            if len(data) < RECORD_BATCH_HEADER_SIZE or data[RECORD_BATCH_MAGIC_OFFSET] != 2:
                 return False
             if DefaultRecordBatch(data).producer_id == NO_PRODUCER_ID:
                 return False

@@ -17,10 +17,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from protocol import ApiKey
-
-FIRST_FLEXIBLE_PRODUCE = 9
-FIRST_TRANSACTIONAL_PRODUCE = 3
+from protocol import PRODUCE_FIRST_FLEXIBLE, PRODUCE_FIRST_TRANSACTIONAL_ID, ApiKey
 
 
 def be_unsigned(frame: Column, offset: Column, size: int) -> Column:
@@ -46,7 +43,7 @@ def with_produce_acks(
     step = df.withColumn("_after", F.lit(14) + F.greatest(be_int16(f, F.lit(12)), F.lit(0)))
     step = step.withColumn(
         "_body",
-        F.when(v < FIRST_FLEXIBLE_PRODUCE, F.col("_after")).when(
+        F.when(v < PRODUCE_FIRST_FLEXIBLE, F.col("_after")).when(
             be_unsigned(f, F.col("_after"), 1) == 0, F.col("_after") + 1
         ),
     )
@@ -55,8 +52,8 @@ def with_produce_acks(
     )
     step = step.withColumn(
         "_acks_at",
-        F.when(v < FIRST_TRANSACTIONAL_PRODUCE, F.col("_body"))
-        .when(v < FIRST_FLEXIBLE_PRODUCE, F.col("_body") + 2 + F.greatest(F.col("_legacy"), F.lit(0)))
+        F.when(v < PRODUCE_FIRST_TRANSACTIONAL_ID, F.col("_body"))
+        .when(v < PRODUCE_FIRST_FLEXIBLE, F.col("_body") + 2 + F.greatest(F.col("_legacy"), F.lit(0)))
         .when(F.col("_compact") == 0, F.col("_body") + 1)
         .when(F.col("_compact") < 128, F.col("_body") + F.col("_compact")),
     )

@@ -17,34 +17,25 @@ import struct
 import uuid
 from typing import Any
 
-FIRST_TRANSACTIONAL = 3
-FIRST_FLEXIBLE = 9
-FIRST_TOPIC_ID = 13
-BATCH_HEADER = 61
-"""Bytes of a v2 record batch header (base offset to record count)."""
+from protocol import (
+    PRODUCE_FIRST_FLEXIBLE,
+    PRODUCE_FIRST_TOPIC_ID,
+    PRODUCE_FIRST_TRANSACTIONAL_ID,
+    RECORD_BATCH_HEADER,
+    RECORD_BATCH_HEADER_SIZE,
+    RECORD_BATCH_LOG_OVERHEAD,
+    RECORD_BATCH_MAGIC_OFFSET,
+    ProtocolError,
+)
+from protocol import read_tagged_fields as _tags
+from protocol import read_uvarint as _uvarint
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
-_BATCH = struct.Struct(">qiiBIhiqqqhii")
-"""A v2 batch header: base offset, length, leader epoch, magic, crc, attributes, last offset
-delta, first and max timestamp, producer id and epoch, base sequence, record count."""
 
 
 class _Odd(Exception):
     """Not a body this walk reads: fall back to kafka-python."""
-
-
-def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = buf[pos]  # IndexError past the end: the caller falls back
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise _Odd
 
 
 def _size(buf: bytes, pos: int, flexible: bool, wide: bool) -> tuple[int, int]:
@@ -68,24 +59,15 @@ def _string(buf: bytes, pos: int, flexible: bool) -> tuple[str | None, int]:
     return buf[pos : pos + size].decode("utf-8"), pos + size
 
 
-def _tags(buf: bytes, pos: int) -> int:
-    count, pos = _uvarint(buf, pos)
-    for _ in range(count):
-        _, pos = _uvarint(buf, pos)
-        size, pos = _uvarint(buf, pos)
-        pos += size
-    return pos
-
-
 def _batches(buf: bytes, pos: int, end: int, common: dict[str, Any], facts: list[dict[str, Any]]) -> None:
     while pos < end:
-        if end - pos < BATCH_HEADER or buf[pos + 16] != 2:
+        if end - pos < RECORD_BATCH_HEADER_SIZE or buf[pos + RECORD_BATCH_MAGIC_OFFSET] != 2:
             raise _Odd  # a cut batch, or a pre-v2 message set: kafka-python reads those
-        _, length, _, _, crc, _, _, _, _, producer_id, epoch, base_sequence, count = _BATCH.unpack_from(
-            buf, pos
+        _, length, _, _, crc, _, _, _, _, producer_id, epoch, base_sequence, count = (
+            RECORD_BATCH_HEADER.unpack_from(buf, pos)
         )
-        size = 12 + length
-        if size < BATCH_HEADER or pos + size > end:
+        size = RECORD_BATCH_LOG_OVERHEAD + length
+        if size < RECORD_BATCH_HEADER_SIZE or pos + size > end:
             raise _Odd
         facts.append(
             {
@@ -103,13 +85,13 @@ def _batches(buf: bytes, pos: int, end: int, common: dict[str, Any], facts: list
 def produce_batch_facts(frame: bytes, body_offset: int, api_version: int) -> list[dict[str, Any]] | None:
     """``produce_batch`` facts of a Produce request whose body starts at ``body_offset``, as
     :func:`spark_audit.decode.decode` gives them; None when kafka-python must decode it."""
-    flexible = api_version >= FIRST_FLEXIBLE
+    flexible = api_version >= PRODUCE_FIRST_FLEXIBLE
     buf, end = frame, len(frame)
     facts: list[dict[str, Any]] = []
     try:
         pos = body_offset
         transactional_id = None
-        if api_version >= FIRST_TRANSACTIONAL:
+        if api_version >= PRODUCE_FIRST_TRANSACTIONAL_ID:
             transactional_id, pos = _string(buf, pos, flexible)
         acks = _INT16.unpack_from(buf, pos)[0]
         pos += 6  # acks, timeout
@@ -117,7 +99,7 @@ def produce_batch_facts(frame: bytes, body_offset: int, api_version: int) -> lis
         if topics < -1:
             raise _Odd
         for _ in range(max(topics, 0)):
-            if api_version >= FIRST_TOPIC_ID:
+            if api_version >= PRODUCE_FIRST_TOPIC_ID:
                 if pos + 16 > end:
                     raise _Odd
                 topic: str | None = str(uuid.UUID(bytes=bytes(buf[pos : pos + 16])))
@@ -151,6 +133,6 @@ def produce_batch_facts(frame: bytes, body_offset: int, api_version: int) -> lis
             pos = _tags(buf, pos)
         if pos != end:
             raise _Odd
-    except (_Odd, IndexError, struct.error, UnicodeDecodeError, ValueError):
+    except (_Odd, ProtocolError, IndexError, struct.error, UnicodeDecodeError, ValueError):
         return None
     return facts

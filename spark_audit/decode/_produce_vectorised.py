@@ -23,10 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from protocol import ApiKey, request_class, response_class
-from spark_audit.decode._produce_scalar import BATCH_HEADER, FIRST_FLEXIBLE
+from protocol import (
+    PRODUCE_FIRST_FLEXIBLE,
+    PRODUCE_FIRST_TRANSACTIONAL_ID,
+    RECORD_BATCH_HEADER_SIZE,
+    ApiKey,
+    request_class,
+    response_class,
+)
 
-FIRST_VERSION = 3
+FIRST_VERSION = PRODUCE_FIRST_TRANSACTIONAL_ID
 """Older Produce has no transactional id (and v0-v1 answers no throttle time): rare, scalar."""
 LAST_VERSION = 12
 """v13 names topics by id: scalar."""
@@ -167,7 +173,7 @@ def _versions(api_version: pa.Array, is_request: bool) -> tuple[np.ndarray, np.n
     cls = request_class(ApiKey.PRODUCE) if is_request else response_class(ApiKey.PRODUCE)
     last = min(LAST_VERSION, cls.max_version) if cls is not None else -1
     version = pc.fill_null(api_version, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return version, (version >= FIRST_VERSION) & (version <= last), version >= FIRST_FLEXIBLE
+    return version, (version >= FIRST_VERSION) & (version <= last), version >= PRODUCE_FIRST_FLEXIBLE
 
 
 def _topics(f: _Frames, start: np.ndarray, size: np.ndarray) -> pa.Array:
@@ -207,7 +213,7 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     compact_size, width = f.varint(pos + 4, flexible)
     size = np.where(flexible, compact_size - 1, legacy_size)
     batch = pos + 4 + np.where(flexible, width, 4)
-    f.require(size >= BATCH_HEADER)
+    f.require(size >= RECORD_BATCH_HEADER_SIZE)
     f.require(f.signed(batch + 16, 1) == 2)  # magic: a v2 record batch
     f.require(12 + f.signed(batch + 8, 4) == size)  # exactly one batch
     pos = _no_tags(f, _no_tags(f, _no_tags(f, batch + size, flexible), flexible), flexible)
