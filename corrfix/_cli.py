@@ -427,7 +427,7 @@ def _with_config_file(
     args.config = config
     args.setting_sources = setting_sources(proxy_parser, flags, env_sources, config, set(file_defaults))
     if args.print_config:
-        sys.stdout.write(render_effective(proxy_parser, args, args.setting_sources))
+        sys.stdout.write(render_effective(proxy_parser, args, args.setting_sources, environ))
     for name in ("listen", "upstream"):
         if getattr(args, name) is None:
             proxy_parser.error(

@@ -8,13 +8,14 @@ file, which beats the built-in default. The effective settings print as a TOML f
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corrfix.proxy._config_env import env_name, long_option
+from corrfix.proxy._config_env import ENV_PREFIX, env_name, env_variables, long_option
 from corrfix.proxy._config_file import settable_actions, setting_key
 
 DEFAULT = "default"
@@ -64,10 +65,24 @@ def setting_sources(
 
 
 def render_effective(
-    subparser: argparse.ArgumentParser, args: argparse.Namespace, sources: Mapping[str, str]
+    subparser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    sources: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
 ) -> str:
-    """The effective settings as TOML, each commented with its source and its variable."""
+    """The effective settings as TOML, each commented with its source and its variable.
+
+    ``CORRFIX_`` variables in ``environ`` that name no setting are listed first, with the
+    nearest variable that does: a typo there would otherwise go unnoticed."""
     lines = ["# corrfix proxy: effective settings (flag > CORRFIX_ variable > --config file > default)"]
+    if args.config is not None:
+        lines.append(f"# --config {args.config}")
+    known = set(env_variables(subparser)) | {ENV_PREFIX + "CONFIG"}
+    for name in sorted(environ or {}):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            match = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            hint = f" (did you mean {match[0]}?)" if match else ""
+            lines.append(f"# {name} is not a setting and is ignored{hint}")
     lines.append("[proxy]")
     for dest, action in settable_actions(subparser).items():
         value = getattr(args, dest, None)

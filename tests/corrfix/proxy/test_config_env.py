@@ -120,6 +120,7 @@ def test_print_config_shows_each_setting_and_its_source_as_toml_that_reads_back(
         "CORRFIX_PROBE_AFTER": "0.25",
         "CORRFIX_BROKER_PORT": "3=19003",
         "CORRFIX_NO_CLIENT_COMPAT": "true",
+        "CORRFIX_PROBE_AFTR": "9",
     }
     result = subprocess.run(
         [
@@ -145,6 +146,11 @@ def test_print_config_shows_each_setting_and_its_source_as_toml_that_reads_back(
     assert lines["max-requeues"] == f"max-requeues = 9  # file {file}; env CORRFIX_MAX_REQUEUES"
     assert lines["request-deadline"].endswith("# default; env CORRFIX_REQUEST_DEADLINE")
     assert "# metrics is not set  # default; env CORRFIX_METRICS" in result.stdout
+    assert (
+        "# CORRFIX_PROBE_AFTR is not a setting and is ignored (did you mean CORRFIX_PROBE_AFTER?)"
+        in result.stdout.splitlines()
+    )
+    assert f"# --config {file}" in result.stdout.splitlines()
     # The output is itself a config file that gives the same settings.
     printed = tmp_path / "printed.toml"
     printed.write_text(result.stdout)

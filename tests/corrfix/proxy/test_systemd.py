@@ -118,7 +118,7 @@ def test_ready_after_listening_reload_reopens_files_stopping_on_sigterm(systemd,
 
 
 @pytest.mark.broker
-def test_workers_are_ready_when_every_worker_listens(systemd, tansu, tmp_path):
+def test_workers_are_ready_when_every_worker_listens_and_pass_sighup_on(systemd, tansu, tmp_path):
     port = free_port()
     args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--workers", "2"]
     with CorrfixProcess(args, port, tmp_path / "w.log") as proxy:
@@ -126,6 +126,15 @@ def test_workers_are_ready_when_every_worker_listens(systemd, tansu, tmp_path):
         assert (pid, message) == (proxy._proc.pid, [READY])  # the supervisor's, not a worker's
         listening = [r for r in proxy.records() if r["event"] == "proxy listening"]
         assert len(listening) == 2  # both workers listened before it
+        proxy._proc.send_signal(signal.SIGHUP)  # passed on to the workers
+        pid, reloading = systemd.receive()
+        assert pid == proxy._proc.pid and reloading[0] == "RELOADING=1"
+        assert systemd.receive() == (proxy._proc.pid, [READY])
+        wait_for(
+            lambda: sum(r["event"] == "reopened log and capture files" for r in proxy.records()) == 2,
+            10,
+            "both workers to reopen their files",
+        )
         proxy._proc.send_signal(signal.SIGTERM)
         assert systemd.receive() == (proxy._proc.pid, ["STOPPING=1"])
         assert proxy._proc.wait(20) == 0
