@@ -70,33 +70,49 @@ def check_api_versions_answer(frame: bytes | bytearray, correlation_id: int = CO
 
 async def check_upstream(upstream: Address, tls: TlsConfig | None, timeout: float) -> int:
     """One ApiVersions round trip to ``upstream`` within ``timeout``; the apis it lists."""
-    with trio.move_on_after(timeout) as scope:
+    deadline = trio.current_time() + timeout
+    stream: trio.SocketStream | None = None
+    with trio.move_on_at(deadline):
         try:
             stream = await trio.open_tcp_stream(upstream.host, upstream.port)
         except OSError as exc:
             raise CheckFailed(f"cannot connect: {_connect_error(exc)}") from exc
-        try:
-            connected = await connect_upstream(stream, tls, upstream.host, timeout, log)
-            if connected is None:
-                raise CheckFailed("TLS handshake failed (see the log)")
-            async with connected:
-                await connected.send_all(api_versions_request())
-                decoder = FrameDecoder(MAX_ANSWER_SIZE, peer=str(upstream))
-                while True:
-                    data = await connected.receive_some(65536)
-                    if not data:
-                        raise CheckFailed("the broker closed the connection without answering")
-                    frames = decoder.feed(data)
-                    if frames:
-                        return check_api_versions_answer(frames[0])
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise CheckFailed(f"connection broken: {exc}") from exc
-        except FrameSizeError as exc:
-            raise CheckFailed(f"not a Kafka answer: {exc}") from exc
-        finally:
-            await trio.aclose_forcefully(stream)
-    assert scope.cancelled_caught
+    if stream is None:
+        raise CheckFailed(f"cannot connect within {timeout:g} s")
+    try:
+        failure = _HandshakeFailure()
+        connected = await connect_upstream(
+            stream, tls, upstream.host, deadline - trio.current_time(), failure
+        )
+        if connected is None:
+            raise CheckFailed(failure.reason)
+        with trio.move_on_at(deadline):
+            await connected.send_all(api_versions_request())
+            decoder = FrameDecoder(MAX_ANSWER_SIZE, peer=str(upstream))
+            while True:
+                data = await connected.receive_some(65536)
+                if not data:
+                    raise CheckFailed("the broker closed the connection without answering")
+                frames = decoder.feed(data)
+                if frames:
+                    return check_api_versions_answer(frames[0])
+    except (trio.BrokenResourceError, OSError) as exc:
+        raise CheckFailed(f"connection broken: {exc}") from exc
+    except FrameSizeError as exc:
+        raise CheckFailed(f"not a Kafka answer: {exc}") from exc
+    finally:
+        await trio.aclose_forcefully(stream)
     raise CheckFailed(f"no answer within {timeout:g} s")
+
+
+class _HandshakeFailure:
+    """Takes the log line a failed TLS handshake would write, for the check's reason instead:
+    a failing check is logged once, not at every interval."""
+
+    reason = "TLS handshake failed"
+
+    def error(self, event: str, **fields: object) -> None:
+        self.reason = f"{event}: {fields.get('reason')}"
 
 
 CheckFunction = Callable[[Address, TlsConfig | None, float], Awaitable[int]]

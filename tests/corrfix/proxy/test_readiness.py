@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from corrfix.core import Address
+from corrfix.proxy import TlsConfig
 from corrfix.proxy._health import Readiness
 from corrfix.proxy._readiness import (
     CheckFailed,
@@ -49,6 +50,12 @@ async def test_tansu_answers_and_a_stopped_tansu_is_named(tansu):
     tansu.stop()
     with pytest.raises(CheckFailed, match=r"cannot connect: .*Connection refused"):
         await check_upstream(upstream, None, 5.0)
+
+
+async def test_tls_to_a_plaintext_tansu_says_so(tansu):
+    tls = TlsConfig(upstream_tls=True)
+    with pytest.raises(CheckFailed, match=r"TLS handshake with upstream failed: .*drop --upstream-tls"):
+        await check_upstream(Address("127.0.0.1", tansu.port), tls, 1.0)
 
 
 async def serve_once(behaviour, *, task_status=trio.TASK_STATUS_IGNORED):
