@@ -33,6 +33,7 @@ from corrfix._netutil import free_port
 from corrfix.core import Address
 from corrfix.proxy._admin import LIVEZ, READYZ, AdminApp, AdminServer
 from corrfix.proxy._health import Verdict
+from corrfix.proxy._logs import reopen_log_file
 from corrfix.proxy._systemd import NOTIFY_SOCKET, READY, STOPPING, NotifyReceiver, notify, reloading
 
 log = structlog.get_logger("corrfix.workers")
@@ -167,10 +168,13 @@ def run_workers(
     log.info("workers started", workers=workers, pids=[p.pid for p in processes])
     stopping = False
 
+    reopen = False
+
     def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
+        nonlocal stopping, reopen
         if signum == signal.SIGHUP:
             notify(reloading())
+            reopen = True  # the loop re-opens the log: a handler may interrupt a write to it
         else:
             stopping = True
             health.draining = True
@@ -188,6 +192,9 @@ def run_workers(
     while True:
         if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
             notify(READY)  # every worker listens
+        if reopen:
+            reopen = False
+            reopen_log_file()
         alive = [p for p in processes if p.poll() is None]
         if not alive and stopping:
             break

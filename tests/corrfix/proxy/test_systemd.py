@@ -119,22 +119,29 @@ def test_ready_after_listening_reload_reopens_files_stopping_on_sigterm(systemd,
 
 @pytest.mark.broker
 def test_workers_are_ready_when_every_worker_listens_and_pass_sighup_on(systemd, tansu, tmp_path):
-    port = free_port()
+    port, log_file = free_port(), tmp_path / "corrfix.log"
     args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--workers", "2"]
-    with CorrfixProcess(args, port, tmp_path / "w.log") as proxy:
+    with CorrfixProcess([*args, "--log-file", str(log_file)], port, tmp_path / "stdout.log") as proxy:
         pid, message = systemd.receive()
         assert (pid, message) == (proxy._proc.pid, [READY])  # the supervisor's, not a worker's
-        listening = [r for r in proxy.records() if r["event"] == "proxy listening"]
-        assert len(listening) == 2  # both workers listened before it
+        assert events(log_file).count("proxy listening") == 2  # both workers listened before it
+        log_file.rename(tmp_path / "corrfix.log.1")
         proxy._proc.send_signal(signal.SIGHUP)  # passed on to the workers
         pid, reloading = systemd.receive()
         assert pid == proxy._proc.pid and reloading[0] == "RELOADING=1"
         assert systemd.receive() == (proxy._proc.pid, [READY])
         wait_for(
-            lambda: sum(r["event"] == "reopened log and capture files" for r in proxy.records()) == 2,
+            lambda: log_file.exists() and events(log_file).count("reopened log and capture files") == 2,
             10,
-            "both workers to reopen their files",
+            "both workers to reopen the log file",
         )
         proxy._proc.send_signal(signal.SIGTERM)
         assert systemd.receive() == (proxy._proc.pid, ["STOPPING=1"])
         assert proxy._proc.wait(20) == 0
+    assert events(log_file)[-1] == "workers stopped"  # the supervisor re-opened it too
+    assert "workers stopped" not in events(tmp_path / "corrfix.log.1")
+
+
+def events(path) -> list[str]:
+    """The events of the complete lines so far (a process may be writing the last one)."""
+    return [json.loads(line)["event"] for line in path.read_text().split("\n")[:-1]]
