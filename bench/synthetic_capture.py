@@ -18,7 +18,8 @@ from kafka.protocol.producer import ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from corrfix.capture import CaptureWriter
-from corrfix.capture.format import Direction, Side
+from corrfix.core import Forwarded, Received, Sent
+from protocol import ApiKey
 from protocol.testing import encode_response
 
 OFFSET_SENTINEL = 0x0123456789ABCDEF
@@ -83,10 +84,21 @@ def write_capture(directory: Path, frames: int, connections: int = 8) -> int:
                         pack(frame, 4, cid)
                         pack_offset(frame, offset_at, i)
                         frames_.append(frame)
-                writer.frames(conn, Side.CLIENT, Direction.REQUEST, client_req)
-                writer.frames(conn, Side.UPSTREAM, Direction.REQUEST, upstream_req)
-                writer.frames(conn, Side.UPSTREAM, Direction.RESPONSE, upstream_resp)
-                writer.frames(conn, Side.CLIENT, Direction.RESPONSE, client_resp)
+                forwarded = [
+                    Forwarded(i, i + 1000, ApiKey.PRODUCE, VERSION) for i in range(start, start + count)
+                ]
+                writer.events(
+                    conn,
+                    [
+                        *forwarded,
+                        Received("client", [bytes(f) for f in client_req], [len(f) for f in client_req]),
+                        Sent("upstream", upstream_req),
+                        Received(
+                            "upstream", [bytes(f) for f in upstream_resp], [len(f) for f in upstream_resp]
+                        ),
+                        Sent("client", client_resp),
+                    ],
+                )
                 written += 4 * count
                 if start % 8192 == 0:
                     writer.flush()

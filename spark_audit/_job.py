@@ -1,8 +1,9 @@
 """The audit job: load a capture, run the chosen checks, return the report as a dict.
 
-The header checks (ordering, client view, latency) share one cached read of every row
-without frame bytes (Produce acks are read from the frame head before caching); the body
-checks (storms, offsets, produce) share one decode of the few broker-side frames they need.
+The header checks (ordering, client view, latency) share one cached read of the capture's
+transactions: whole connections per partition, paired in Python before any row reaches
+the JVM (:mod:`spark_audit.connections`); the body checks (storms, offsets, produce) share
+the facts decoded from the broker-side bodies in that same pass.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from spark_audit.checks import (
     upstream_strays,
     window_start,
 )
-from spark_audit.decode import decode_facts, load_bodies, with_acks
+from spark_audit.connections import FACT_COLUMNS, load_transactions
 from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
@@ -53,13 +54,11 @@ from spark_audit.report import (
     upstream_skip_findings,
     upstream_stray_findings,
 )
-from spark_audit.source import Via, is_local, list_files, load_headers
+from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
 REPORT_VERSION = 1
 BODY_CHECKS = frozenset({"storms", "offsets", "produce"})
-UNREAD_COLUMNS = ("client_address", "upstream_address", "attempt", "frame_length")
-"""Header columns no check reads: left out of the cached rows."""
 
 
 @dataclass
@@ -126,14 +125,15 @@ class _Collector:
         }
 
 
-def _captures(headers: DataFrame) -> list[dict[str, Any]]:
-    agg = headers.groupBy("capture_id", "source").agg(
-        F.count("*").alias("rows"),
-        F.count(F.when(F.col("kind") == "frame", 1)).alias("frames"),
-        F.count(F.when(F.col("kind") == "repair", 1)).alias("repairs"),
-        F.count_distinct("connection_id").alias("connections"),
-        F.min("wall_ns").alias("first_wall_ns"),
-        F.max("wall_ns").alias("last_wall_ns"),
+def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
+    per_connection = transactions.filter(F.col("kind") == "connection")
+    agg = per_connection.groupBy("capture_id", "source").agg(
+        F.sum("rows").alias("rows"),
+        F.sum("frames").alias("frames"),
+        F.sum("repairs").alias("repairs"),
+        F.count("*").alias("connections"),
+        F.min("first_wall_ns").alias("first_wall_ns"),
+        F.max("last_wall_ns").alias("last_wall_ns"),
     )
     return _rows(agg, ["first_wall_ns"])
 
@@ -158,36 +158,36 @@ class _AuditRun:
             df.unpersist()
 
     @functools.cached_property
-    def headers(self) -> DataFrame:
-        loaded = load_headers(self.spark, self.options.path, self.options.via)
-        headers = self.keep(with_acks(loaded.drop(*UNREAD_COLUMNS)))
-        self.report["captures"] = _captures(headers)
-        return headers
+    def transactions(self) -> DataFrame:
+        transactions = self.keep(load_transactions(self.spark, self.options.path, self.options.via))
+        self.report["captures"] = _captures(transactions)
+        return transactions
 
     @functools.cached_property
     def upstream_pairs(self) -> DataFrame:
-        return self.keep(upstream_pairs(self.headers))
+        return self.keep(upstream_pairs(self.transactions))
 
     @functools.cached_property
     def client_pairs(self) -> DataFrame:
-        return self.keep(client_pairs(self.headers))
+        return self.keep(client_pairs(self.transactions))
 
     @functools.cached_property
     def facts(self) -> DataFrame:
-        facts = self.keep(decode_facts(load_bodies(self.spark, self.options.path, self.options.via)))
-        counts = _rows(facts.groupBy("fact").count(), ["fact"])
+        facts = self.transactions.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+        counted = self.transactions.filter(F.col("kind") == "fact_count")
+        counts = _rows(counted.groupBy("fact").agg(F.sum("rows").alias("count")), ["fact"])
         self.report["decode"] = {"facts": {r["fact"]: r["count"] for r in counts}}
         return facts
 
     def upstream_ordering(self) -> None:
         self.out.add(
             "upstream_ordering",
-            upstream_skip_findings(upstream_skips(self.headers, self.upstream_pairs)),
-            upstream_stray_findings(upstream_strays(self.headers, self.upstream_pairs)),
+            upstream_skip_findings(upstream_skips(self.transactions, self.upstream_pairs)),
+            upstream_stray_findings(upstream_strays(self.transactions, self.upstream_pairs)),
         )
 
     def client_view(self) -> None:
-        violations = client_view(self.headers, self.client_pairs)
+        violations = client_view(self.transactions, self.client_pairs)
         self.out.add("client_view", client_view_findings(violations))
 
     def latency(self) -> None:
@@ -255,7 +255,7 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
     run = _AuditRun(spark, options, report)
     try:
         with progress.step("reading the capture"):
-            run.headers  # noqa: B018 - reads and caches the capture, and counts it
+            run.transactions  # noqa: B018 - reads and caches the capture, and counts it
         for check in chosen:
             if check in BODY_CHECKS and "facts" not in vars(run):
                 with progress.step("decoding bodies"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_audit.checks._pairing import KEY, matched, overtaken, requests, responses, side_frames
+from spark_audit.checks._pairing import KEY, overtaken, requests, responses, side_pairs
 
 WRAP_DROP = 1 << 30
 END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")
@@ -27,9 +27,9 @@ END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")
 COLUMNS = ["seq", "wall_ns", "kind", "api_key", "correlation_id", "related_correlation_id", "close_reason"]
 
 
-def client_pairs(headers: DataFrame) -> DataFrame:
-    """Matched client-side frames, by the client's own correlation ids."""
-    return matched(side_frames(headers, "client"), "client_correlation_id")
+def client_pairs(transactions: DataFrame) -> DataFrame:
+    """Client-side pairs, by the client's own correlation ids."""
+    return side_pairs(transactions, "client")
 
 
 def _shape(df: DataFrame, **columns: Column) -> DataFrame:
@@ -75,13 +75,13 @@ def stray_answers(pairs: DataFrame) -> DataFrame:
     )
 
 
-def unanswered(headers: DataFrame, pairs: DataFrame) -> DataFrame:
+def unanswered(transactions: DataFrame, pairs: DataFrame) -> DataFrame:
     """Requests owed an answer at the end: at their connection's close, or the capture's end
     (no close row, or a close that only says the capture stopped)."""
     owed = overtaken(requests(pairs)).filter(
         F.col("expects") & F.col("answer_seq").isNull() & ~F.col("skipped")
     )
-    closes = headers.filter(F.col("kind") == "close").select(
+    closes = transactions.filter(F.col("kind") == "close").select(
         *KEY, F.col("reason").alias("close_reason"), F.col("wall_ns").alias("close_wall_ns")
     )
     joined = owed.join(closes, KEY, "left")
@@ -117,12 +117,12 @@ def id_order(pairs: DataFrame) -> DataFrame:
     )
 
 
-def client_view(headers: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
+def client_view(transactions: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
     """Every client-view violation, all kinds (``pairs`` from :func:`client_pairs`, reused)."""
-    pairs = pairs if pairs is not None else client_pairs(headers)
+    pairs = pairs if pairs is not None else client_pairs(transactions)
     return (
         order_violations(pairs)
         .unionByName(stray_answers(pairs))
-        .unionByName(unanswered(headers, pairs))
+        .unionByName(unanswered(transactions, pairs))
         .unionByName(id_order(pairs))
     )

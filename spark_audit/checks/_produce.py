@@ -26,12 +26,10 @@ SEQUENCE_WRAP = 1 << 31
 
 def attempts(facts: DataFrame) -> DataFrame:
     """Each record batch in each Produce request, with ``acknowledged`` (its partition's answer
-    was error 0; null when no answer was captured)."""
+    was error 0; null when no answer was captured), which the per-connection pass put on the
+    batch's row (:func:`spark_audit.connections.merge_acks`)."""
     batches = facts.filter((F.col("fact") == "produce_batch") & (F.col("api_key") == ApiKey.PRODUCE))
-    acks = facts.filter(F.col("fact") == "produce_ack").select(
-        *_CALL, "topic", "partition", (F.col("error_code") == 0).alias("acknowledged")
-    )
-    return batches.join(acks, [*_CALL, "topic", "partition"], "left").select(
+    return batches.select(
         *_CALL,
         "seq",
         "wall_ns",

@@ -14,18 +14,18 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
-from spark_audit.checks._pairing import KEY, matched, overtaken, requests, responses, side_frames
+from spark_audit.checks._pairing import KEY, overtaken, requests, responses, side_pairs
 
 
-def upstream_pairs(headers: DataFrame) -> DataFrame:
-    """Matched upstream frames of proxy captures (wire captures have no upstream side)."""
-    frames = side_frames(headers.filter(F.col("source") == "proxy"), "upstream")
-    return matched(frames, "upstream_correlation_id")
+def upstream_pairs(transactions: DataFrame) -> DataFrame:
+    """Upstream pairs of proxy captures (wire captures have no upstream side): the pass
+    keeps only the overtaken sends and the stray answers, all this check reads."""
+    return side_pairs(transactions, "upstream")
 
 
-def repair_summary(headers: DataFrame) -> DataFrame:
+def repair_summary(transactions: DataFrame) -> DataFrame:
     """Repair events per upstream id: ``events`` (sorted, distinct) and ``requeued_as``."""
-    repairs = headers.filter((F.col("kind") == "repair") & F.col("upstream_correlation_id").isNotNull())
+    repairs = transactions.filter((F.col("kind") == "repair") & F.col("upstream_correlation_id").isNotNull())
     return repairs.groupBy(*KEY, F.col("upstream_correlation_id").alias("uid")).agg(
         F.sort_array(F.collect_set("event")).alias("events"),
         F.max("new_upstream_correlation_id").alias("requeued_as"),
@@ -42,12 +42,12 @@ def _events(repairs: DataFrame, id_column: str, prefix: str) -> DataFrame:
     )
 
 
-def upstream_skips(headers: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
+def upstream_skips(transactions: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
     """One row per upstream send whose answer was overtaken, with what corrfix did
     (``pairs`` from :func:`upstream_pairs`, when the caller reuses them)."""
-    pairs = pairs if pairs is not None else upstream_pairs(headers)
+    pairs = pairs if pairs is not None else upstream_pairs(transactions)
     skipped = overtaken(requests(pairs)).filter("skipped")
-    repairs = repair_summary(headers)
+    repairs = repair_summary(transactions)
     joined = (
         skipped.join(_events(repairs, "cid", "own"), [*KEY, "cid"], "left")
         .join(_events(repairs, "overtaken_cid", "by"), [*KEY, "overtaken_cid"], "left")
@@ -91,10 +91,10 @@ def upstream_skips(headers: DataFrame, pairs: DataFrame | None = None) -> DataFr
     )
 
 
-def upstream_strays(headers: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
+def upstream_strays(transactions: DataFrame, pairs: DataFrame | None = None) -> DataFrame:
     """Upstream answers that match no outstanding send: ``orphan``, ``duplicate`` or
     ``acks0_reply``; ``dropped`` says whether corrfix logged a stale_drop for the id."""
-    pairs = pairs if pairs is not None else upstream_pairs(headers)
+    pairs = pairs if pairs is not None else upstream_pairs(transactions)
     resp = responses(pairs)
     kind = (
         F.when(F.col("request_seq").isNull(), "orphan")
@@ -103,7 +103,7 @@ def upstream_strays(headers: DataFrame, pairs: DataFrame | None = None) -> DataF
     )
     strays = resp.withColumn("kind", kind).filter(F.col("kind").isNotNull())
     drops = (
-        headers.filter((F.col("kind") == "repair") & (F.col("event") == "stale_drop"))
+        transactions.filter((F.col("kind") == "repair") & (F.col("event") == "stale_drop"))
         .select(*KEY, F.col("upstream_correlation_id").alias("cid"), F.lit(True).alias("dropped"))
         .distinct()
     )

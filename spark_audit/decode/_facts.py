@@ -1,5 +1,5 @@
 """Decoded bodies as a Spark DataFrame of facts: one mapInArrow pass over the few frames
-that some check needs, on the side nearest the broker, as :func:`load_bodies` reads them.
+that some check needs, on the side nearest the broker.
 
 The broker side is what the broker received and sent: the upstream side of proxy captures
 (corrfix's re-sends included), the only side of wire captures. Facts carry the frame's
@@ -14,14 +14,13 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from protocol import ApiKey
 from spark_audit.decode._frame_decode import DECODED_KEYS, decode
 from spark_audit.decode._produce_vectorised import decode_requests, decode_responses
-from spark_audit.source import RowFilter, Via, load_capture
 
 FACT_SCHEMA = pa.schema(
     [
@@ -74,7 +73,7 @@ INPUT_COLUMNS = (
     "frame_length",
     "frame",
 )
-"""The capture columns :func:`decode_facts` reads (all :func:`load_bodies` loads)."""
+"""The capture columns :func:`decode_facts` reads."""
 _FRAME_PLACE = ["capture_id", "connection_id", "seq", "wall_ns", "direction", "api_key", "api_version"]
 _PLACE = [*_FRAME_PLACE, "correlation_id"]
 
@@ -165,10 +164,3 @@ def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
 def decode_facts(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) -> DataFrame:
     """Facts of every broker-side frame of ``api_keys`` (decoded in the executors)."""
     return broker_frames(frames, api_keys).mapInArrow(decode_batches, FACT_SPARK_SCHEMA)
-
-
-def load_bodies(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
-    """Broker-side frames of the api keys some body check decodes, whole: the input of
-    :func:`decode_facts`, filtered before the rows reach the JVM."""
-    rows = RowFilter(kinds=frozenset({"frame"}), api_keys=DECODED_KEYS, broker_side=True)
-    return load_capture(spark, path, INPUT_COLUMNS, rows, via=via)

@@ -7,27 +7,29 @@ yield exactly the Spark image of the capture contract (``_schema``).
 
 from __future__ import annotations
 
-from ._batches import FrameTrim, RowFilter
+from ._batches import FrameTrim, RowFilter, check_version, stream_batches
 from ._binaryfile import read_binary_files
-from ._datasource import CaptureDataSource, FileRange, is_local, list_files, plan
-from ._load import PRODUCE_HEAD, Via, load_capture, load_headers, register
+from ._datasource import CaptureDataSource, FileRange, is_local, list_files, open_file, plan
+from ._load import Via, load_capture, reachable_by_pyarrow, register
 from ._schema import CAPTURE_SPARK_SCHEMA, arrow_schema, spark_schema
 
 __all__ = [
     "CAPTURE_SPARK_SCHEMA",
-    "PRODUCE_HEAD",
     "CaptureDataSource",
     "FileRange",
     "FrameTrim",
     "RowFilter",
     "Via",
     "arrow_schema",
+    "check_version",
     "is_local",
     "list_files",
     "load_capture",
-    "load_headers",
+    "open_file",
     "plan",
+    "reachable_by_pyarrow",
     "read_binary_files",
     "register",
     "spark_schema",
+    "stream_batches",
 ]

@@ -73,7 +73,7 @@ def list_files(path: str) -> list[str]:
     return [f"{scheme}://{p}" for p in found]
 
 
-def _open(path: str) -> pa.NativeFile:
+def open_file(path: str) -> pa.NativeFile:
     if is_local(path):
         return pa.memory_map(str(_local(path)))  # zero-copy: unread columns are never touched
     fs, inner = pyarrow.fs.FileSystem.from_uri(path)
@@ -88,7 +88,7 @@ def plan(path: str, split_bytes: int) -> list[FileRange]:
             ranges.append(FileRange(file))
             continue
         first, index, size = 0, 0, 0
-        with _open(file) as source:
+        with open_file(file) as source:
             for index, batch in enumerate(stream_batches(source, file)):
                 size += batch.nbytes
                 if size >= split_bytes:
@@ -102,7 +102,7 @@ def read_range(
     part: FileRange, target: pa.Schema, rows: RowFilter, trim: FrameTrim | None = None
 ) -> Iterator[pa.RecordBatch]:
     """The shaped batches of one range."""
-    with _open(part.path) as source:
+    with open_file(part.path) as source:
         for index, batch in enumerate(stream_batches(source, part.path)):
             if index < part.first:
                 continue

@@ -9,7 +9,6 @@ import pyarrow.fs
 from pyspark.sql import DataFrame, SparkSession
 
 from corrfix.capture.format import CAPTURE_SCHEMA
-from protocol import ApiKey
 from spark_audit import DATA_SOURCE_NAME
 from spark_audit.source._batches import FrameTrim, RowFilter
 from spark_audit.source._binaryfile import read_binary_files
@@ -17,11 +16,6 @@ from spark_audit.source._datasource import CaptureDataSource, is_local
 from spark_audit.source._schema import spark_schema
 
 Via = Literal["auto", "datasource", "binaryfile"]
-
-PRODUCE_HEAD = FrameTrim(
-    api_keys=frozenset({ApiKey.PRODUCE}), directions=frozenset({"request"}), max_bytes=512
-)
-"""What the header checks keep of frames: enough of each Produce request to read acks."""
 
 
 def register(spark: SparkSession) -> None:
@@ -58,8 +52,3 @@ def load_capture(
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load(path)
-
-
-def load_headers(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
-    """Every row, with frame bytes only at the head of Produce requests (for acks)."""
-    return load_capture(spark, path, trim=PRODUCE_HEAD, via=via)

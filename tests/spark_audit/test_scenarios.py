@@ -14,8 +14,9 @@ from corrfix.lab import workload
 from protocol import ApiKey
 from spark_audit import AuditOptions, run_audit
 from spark_audit.checks import client_view, offset_losses, upstream_skips
+from spark_audit.connections import load_transactions
 from spark_audit.decode import decode_facts
-from spark_audit.source import load_capture, load_headers
+from spark_audit.source import load_capture
 from tests.support.audit_scenarios import (
     acks0_produce,
     group_life,
@@ -61,7 +62,7 @@ def kinds(report, check):
 def test_the_audit_finds_exactly_the_injected_skips_and_their_repairs(spark, lossy, lossy_report):
     dropped = lossy.relay.policy.totals().dropped
     assert dropped == 6
-    skips = upstream_skips(load_headers(spark, str(lossy.directory))).collect()
+    skips = upstream_skips(load_transactions(spark, str(lossy.directory))).collect()
     assert len(skips) == dropped
     rows = read_capture(lossy.directory).to_pylist()
     requeues = {
@@ -128,5 +129,5 @@ def test_a_wire_capture_shows_the_replies_to_acks0(spark, wire):
         if r["kind"] == "frame" and r["direction"] == "response" and r["api_key"] == ApiKey.PRODUCE
     )
     assert answers > 1  # Tansu answered Produce requests that had acks=0
-    violations = client_view(load_headers(spark, str(wire.directory))).collect()
+    violations = client_view(load_transactions(spark, str(wire.directory))).collect()
     assert Counter(v.kind for v in violations)["acks0_reply"] == answers

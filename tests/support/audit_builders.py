@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
 from protocol import ApiKey, request_class, response_class
 from protocol.testing import encode_request, encode_response
-from spark_audit.decode import FACT_SCHEMA, FACT_SPARK_SCHEMA
+from spark_audit.connections import merge_acks, transactions_of
+from spark_audit.decode import FACT_SCHEMA
 from spark_audit.source import CAPTURE_SPARK_SCHEMA
 
 CAPTURE = "cafe" * 8
@@ -94,6 +95,11 @@ def capture_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame([tuple(r[n] for n in names) for r in rows], CAPTURE_SPARK_SCHEMA)
 
 
+def transactions_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    """The transactions of ``rows`` (the header checks' input), by the shuffle path."""
+    return transactions_of(capture_df(spark, rows))
+
+
 def write_capture(directory: Path, rows: list[dict[str, Any]]) -> Path:
     """``rows`` (one capture, one source) as a capture file, as corrfix would name it."""
     first = rows[0]
@@ -133,8 +139,9 @@ def fact(
 
 
 def facts_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
-    names = FACT_SPARK_SCHEMA.names
-    return spark.createDataFrame([tuple(r[n] for n in names) for r in rows], FACT_SPARK_SCHEMA)
+    """Facts as the per-connection pass gives them: each Produce batch with its answer."""
+    table = merge_acks(pa.Table.from_pylist(rows, schema=FACT_SCHEMA))
+    return spark.createDataFrame(table)
 
 
 def records(n: int = 2, producer_id: int = -1, base_sequence: int = -1, value: bytes = b"v") -> bytes:

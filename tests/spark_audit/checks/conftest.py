@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.audit_builders import ACKS0, ACKS1, capture_df, repair, req, resp, row
+from tests.support.audit_builders import ACKS0, ACKS1, repair, req, resp, row, transactions_df
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def proxy_capture(spark):
         resp("c2", 3, "upstream", 3, cid=6, uid=1),
         resp("c2", 4, "upstream", 3, cid=5, uid=0),
     ]
-    return capture_df(spark, c1 + c2)
+    return transactions_df(spark, c1 + c2)
 
 
 @pytest.fixture(scope="module")
@@ -75,4 +75,4 @@ def wire_capture(spark):
         row("w2", 6, "close", reason="capture_end,response_gap=10"),
     ]
     w3 = [req("w3", 1, "client", 3, cid=9)]
-    return capture_df(spark, [{**r, "source": "wire"} for r in w1 + w2 + w3])
+    return transactions_df(spark, [{**r, "source": "wire"} for r in w1 + w2 + w3])

@@ -7,7 +7,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks import client_pairs, latencies, latency_by_api, latency_by_window, slow_requests
-from tests.support.audit_builders import CAPTURE, MS, capture_df, req, resp
+from tests.support.audit_builders import CAPTURE, MS, req, resp, transactions_df
 
 # Metadata requests answered after 1, 2, 3, 4 and 50 ms; ApiVersions after 1 ms; the second
 # window (from 10 s) holds the last Metadata request only.
@@ -20,7 +20,7 @@ def lat(spark):
     for i, (api, start_ms, took_ms) in enumerate(TIMINGS):
         rows.append(req("l", 2 * i, "client", api, cid=i, wall_ms=start_ms))
         rows.append(resp("l", 2 * i + 1, "client", api, cid=i, wall_ms=start_ms + took_ms))
-    return latencies(client_pairs(capture_df(spark, rows)))
+    return latencies(client_pairs(transactions_df(spark, rows)))
 
 
 def test_latency_rows(lat):

@@ -6,7 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks import upstream_skips, upstream_strays
-from tests.support.audit_builders import ACKS1, CAPTURE, MS, capture_df, repair, req, resp
+from tests.support.audit_builders import ACKS1, CAPTURE, MS, repair, req, resp, transactions_df
 
 
 def test_upstream_skips_say_what_was_lost_and_what_corrfix_did(proxy_capture):
@@ -89,7 +89,9 @@ def test_a_probe_that_finds_a_loss_is_credited(spark):
         repair("p", 8, "probe_found_loss", 1, api_key=18),
         resp("p", 9, "upstream", 0, cid=1, uid=2),
     ]
-    got = upstream_skips(capture_df(spark, rows)).select("seq", "overtaken_by_probe", "actions", "outcome")
+    got = upstream_skips(transactions_df(spark, rows)).select(
+        "seq", "overtaken_by_probe", "actions", "outcome"
+    )
     expected = [
         Row(
             seq=1,

@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_audit.checks._pairing import PAIRS_SCHEMA, match
+from spark_audit.connections import PAIRS_SCHEMA, match
 
 frames = st.lists(
     st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans(), st.integers(0, 3), st.booleans()),

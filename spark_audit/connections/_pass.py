@@ -1,0 +1,281 @@
+"""One pass over whole connections: what the JVM gets instead of the capture's frames.
+
+:func:`connection_pass` is a pure function of the Arrow rows of one or more whole
+connections. It pairs each side with :func:`match` (numpy), reads Produce ``acks`` from
+the frame heads (:func:`produce_acks`), and keeps only the rows some check reads:
+
+- on the client side (and every connection of wire captures), every request with its
+  answer (latency, id order and unanswered requests need them all) and every stray answer;
+- on the upstream side of proxy captures, only the overtaken requests and the stray
+  answers (an answer in order proves nothing more);
+- the repair and close rows, as they are;
+- one ``connection`` row per connection with its counts and time span.
+
+That is about half a row per frame of a proxy capture, one at most of a wire capture, and
+no answer that arrived in order ever becomes a JVM row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import ApiKey
+from spark_audit.connections._acks import UNKNOWN, produce_acks
+from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
+from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches
+
+KEY = ["capture_id", "connection_id"]
+
+HEADER_COLUMNS = (
+    "capture_id",
+    "source",
+    "connection_id",
+    "seq",
+    "kind",
+    "side",
+    "direction",
+    "wall_ns",
+    "mono_ns",
+    "api_key",
+    "api_version",
+    "client_correlation_id",
+    "upstream_correlation_id",
+    "event",
+    "reason",
+    "new_upstream_correlation_id",
+)
+"""Capture columns the pass reads, besides ``acks`` (or the ``frame`` to read it from)."""
+
+_PASSED = ("side", "kind", "source", "event", "reason", "new_upstream_correlation_id")
+_STATS = (
+    pa.field("rows", pa.int64()),
+    pa.field("frames", pa.int64()),
+    pa.field("repairs", pa.int64()),
+    pa.field("first_wall_ns", pa.int64()),
+    pa.field("last_wall_ns", pa.int64()),
+)
+
+TRANSACTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("capture_id", pa.string(), nullable=False),
+        pa.field("connection_id", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("side", pa.string()),
+        *[f.with_nullable(True) for f in PAIRS_SCHEMA if f.name not in KEY],
+        pa.field("event", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("new_upstream_correlation_id", pa.int32()),
+        *_STATS,
+        *[f.with_nullable(True) for f in FACT_SCHEMA if f.name not in PAIRS_SCHEMA.names],
+        pa.field("acknowledged", pa.bool_()),
+    ]
+)
+"""What the pass yields. ``kind`` = ``frame``: a request with its answer, or a stray answer
+(the :data:`PAIRS_SCHEMA` columns, ``side`` says which); ``repair`` and ``close``: the capture's
+row (``seq``, ``wall_ns``, ids, ``event``, ``reason``); ``connection``: ``rows``, ``frames``,
+``repairs``, ``first_wall_ns``, ``last_wall_ns`` of one connection; ``fact``: one fact of a
+broker-side body (:data:`FACT_SCHEMA` columns; a ``produce_batch`` carries its answer as
+``acknowledged``, so no ``produce_ack`` is kept); ``fact_count``: ``rows`` facts of kind
+``fact`` decoded from the connection, before that merge."""
+
+FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
+_CALL = ["capture_id", "connection_id", "correlation_id", "topic", "partition"]
+
+SIDES = (("upstream", "upstream_correlation_id"), ("client", "client_correlation_id"))
+
+
+def with_acks(table: pa.Table) -> pa.Table:
+    """``table`` with ``acks`` of its Produce requests (null elsewhere or unreadable) and
+    without ``frame``; a table that has ``acks`` already is returned as it is."""
+    if "acks" in table.column_names:
+        return table
+    n = table.num_rows
+    acks = np.full(n, UNKNOWN, np.int64)
+    if "frame" in table.column_names and n:
+        frames = table.column("frame").combine_chunks()
+        produce = pc.and_(
+            pc.equal(table.column("api_key"), ApiKey.PRODUCE), pc.equal(table.column("direction"), "request")
+        )
+        rows = np.flatnonzero(pc.fill_null(produce, False).to_numpy(zero_copy_only=False))
+        versions = table.column("api_version").to_numpy(zero_copy_only=False)[rows].astype(np.int64)
+        acks[rows] = produce_acks(frames, rows, versions)
+        table = table.drop_columns(["frame"])
+    return table.append_column("acks", pa.array(acks, pa.int16(), mask=acks == UNKNOWN))
+
+
+def _side(table: pa.Table, side: str, id_column: str) -> pa.Table:
+    frames = table.filter(
+        pc.fill_null(
+            pc.and_(
+                pc.and_(pc.equal(table.column("kind"), "frame"), pc.equal(table.column("side"), side)),
+                pc.is_valid(table.column(id_column)),
+            ),
+            False,
+        )
+    )
+    if side == "upstream":
+        frames = frames.filter(pc.equal(frames.column("source"), "proxy"))
+    parts = [TRANSACTIONS_SCHEMA.empty_table()]
+    for source in pc.unique(frames.column("source")).to_pylist():
+        one = frames.filter(pc.equal(frames.column("source"), source))
+        pairs = match(_match_input(one, id_column))
+        if side == "upstream":  # only what the upstream check reads: overtaken sends, strays
+            strays = pc.equal(pairs.column("direction"), "response")
+            pairs = pairs.filter(pc.fill_null(pc.or_kleene(strays, pairs.column("skipped")), False))
+        parts.append(_conform(pairs, side=side, kind="frame", source=source))
+    return pa.concat_tables(parts)
+
+
+def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
+    """The columns :func:`match` reads: ``cid`` from ``id_column``, ``expects`` from acks."""
+    n = frames.num_rows
+    is_request = pc.fill_null(pc.equal(frames.column("direction"), "request"), False)
+    no_answer = pc.and_(
+        pc.equal(frames.column("api_key"), ApiKey.PRODUCE), pc.equal(frames.column("acks"), 0)
+    )
+    expects = pc.if_else(is_request, pc.invert(pc.fill_null(no_answer, False)), pa.nulls(n, pa.bool_()))
+    columns = {c: frames.column(c) for c in INPUT_COLUMNS if c not in ("cid", "expects")}
+    return pa.table({**columns, "cid": frames.column(id_column), "expects": expects}).select(INPUT_COLUMNS)
+
+
+def _conform(table: pa.Table, **constants: str | None) -> pa.Table:
+    n = table.num_rows
+    arrays = []
+    for field in TRANSACTIONS_SCHEMA:
+        if field.name in constants:
+            arrays.append(pa.array([constants[field.name]] * n, field.type))
+        elif field.name in table.column_names:
+            arrays.append(table.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    return pa.Table.from_arrays(arrays, schema=TRANSACTIONS_SCHEMA)
+
+
+def _stats(table: pa.Table) -> pa.Table:
+    kind = table.column("kind")
+    counted = pa.table(
+        {
+            "capture_id": table.column("capture_id"),
+            "connection_id": table.column("connection_id"),
+            "source": table.column("source"),
+            "is_frame": pc.cast(pc.equal(kind, "frame"), pa.int64()),
+            "is_repair": pc.cast(pc.equal(kind, "repair"), pa.int64()),
+            "wall_ns": table.column("wall_ns"),
+        }
+    )
+    grouped = counted.group_by(["capture_id", "connection_id", "source"], use_threads=False).aggregate(
+        [
+            ("wall_ns", "count"),
+            ("is_frame", "sum"),
+            ("is_repair", "sum"),
+            ("wall_ns", "min"),
+            ("wall_ns", "max"),
+        ]
+    )
+    renamed = grouped.rename_columns(
+        {
+            "wall_ns_count": "rows",
+            "is_frame_sum": "frames",
+            "is_repair_sum": "repairs",
+            "wall_ns_min": "first_wall_ns",
+            "wall_ns_max": "last_wall_ns",
+        }
+    )
+    return _conform(renamed, kind="connection")
+
+
+def connection_pass(table: pa.Table, facts: pa.Table | None = None) -> pa.Table:
+    """The transactions of ``table``: the rows of whole connections (:data:`HEADER_COLUMNS`
+    plus ``acks`` or ``frame``), any number of them, in any order. ``facts`` are their
+    decoded bodies (:func:`decode_table`), or None to decode them from ``frame`` here."""
+    if table.num_rows == 0:
+        return TRANSACTIONS_SCHEMA.empty_table()
+    if facts is None:
+        has_frames = "frame" in table.column_names
+        facts = decode_table(broker_frames(table)) if has_frames else FACT_SCHEMA.empty_table()
+    table = with_acks(table).combine_chunks()
+    kind = table.column("kind")
+    kept = table.filter(pc.is_in(kind, value_set=pa.array(["repair", "close"])))
+    parts = [_side(table, side, id_column) for side, id_column in SIDES]
+    parts.append(_conform(kept.select([c for c in kept.column_names if c in TRANSACTIONS_SCHEMA.names])))
+    parts.append(_stats(table))
+    parts.append(_fact_rows(facts))
+    return pa.concat_tables(parts)
+
+
+def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
+    """The rows (of ``among``, a mask, if given) whose bodies some check decodes: frames of
+    :data:`DECODED_KEYS` as the broker saw them (upstream in proxy captures, client in wire
+    captures), with ``correlation_id`` of that side, ``frame`` and ``frame_length``. Only
+    those rows' frames are copied."""
+    side = table.column("side")
+    broker = pc.if_else(
+        pc.equal(table.column("source"), "proxy"), pc.equal(side, "upstream"), pc.equal(side, "client")
+    )
+    keys = pa.array(sorted(DECODED_KEYS), pa.int16())
+    chosen = pc.and_(
+        pc.and_(pc.equal(table.column("kind"), "frame"), broker),
+        pc.is_in(table.column("api_key"), value_set=keys),
+    )
+    chosen = pc.fill_null(chosen, False)
+    if among is not None:
+        chosen = pc.and_(chosen, pa.array(among))
+    frames = table.filter(chosen)
+    correlation_id = pc.if_else(
+        pc.equal(frames.column("side"), "upstream"),
+        frames.column("upstream_correlation_id"),
+        frames.column("client_correlation_id"),
+    )
+    length = frames.column("frame_length") if "frame_length" in frames.column_names else None
+    places = ["capture_id", "connection_id", "seq", "wall_ns", "direction", "api_key", "api_version"]
+    lengths = length if length is not None else pc.cast(pc.binary_length(frames.column("frame")), pa.int32())
+    columns = {name: frames.column(name) for name in places}
+    return pa.table(
+        {
+            **columns,
+            "correlation_id": correlation_id,
+            "frame": frames.column("frame"),
+            "frame_length": lengths,
+        }
+    )
+
+
+def decode_table(frames: pa.Table) -> pa.Table:
+    """Facts of :func:`broker_frames` rows (vectorised Produce, the rest one by one)."""
+    if frames.num_rows == 0:
+        return FACT_SCHEMA.empty_table()
+    batches = list(decode_batches(iter(frames.to_batches())))
+    return pa.Table.from_batches(batches, schema=FACT_SCHEMA) if batches else FACT_SCHEMA.empty_table()
+
+
+def merge_acks(facts: pa.Table) -> pa.Table:
+    """Facts with each Produce batch's answer on its row (``acknowledged``: its partition's
+    error code was 0; null when no answer was captured) and the answers left out: the join
+    that pairs them is within one connection, so it happens here, not in Spark."""
+    fact = facts.column("fact")
+    batches = facts.filter(
+        pc.and_(pc.equal(fact, "produce_batch"), pc.equal(facts.column("api_key"), ApiKey.PRODUCE))
+    )
+    acks = facts.filter(pc.equal(fact, "produce_ack"))
+    answers = pa.table(
+        {
+            **{name: acks.column(name) for name in _CALL},
+            "acknowledged": pc.equal(acks.column("error_code"), 0),
+        }
+    )
+    joined = batches.join(answers, _CALL, join_type="left outer", use_threads=False)
+    others = facts.filter(pc.invert(pc.is_in(fact, value_set=pa.array(["produce_batch", "produce_ack"]))))
+    others = others.append_column("acknowledged", pa.nulls(others.num_rows, pa.bool_()))
+    return pa.concat_tables([others, joined.select(others.column_names)], promote_options="permissive")
+
+
+def _fact_rows(facts: pa.Table) -> pa.Table:
+    """The merged facts, and how many of each kind each connection's bodies gave."""
+    counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
+        [([], "count_all")]
+    )
+    counted = counts.rename_columns({"count_all": "rows"})
+    return pa.concat_tables([_conform(merge_acks(facts), kind="fact"), _conform(counted, kind="fact_count")])

@@ -1,0 +1,105 @@
+"""The corrfix-transactions Data Source gathers whole connections from every file that holds
+them, and gives what the shuffle path gives on the same rows."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from corrfix.capture.format import Source, schema_for
+from spark_audit.connections import (
+    TRANSACTIONS_SOURCE,
+    TransactionsDataSource,
+    index_files,
+    load_transactions,
+    transactions_of,
+)
+from spark_audit.source import list_files
+from tests.support.audit_builders import ACKS0, ACKS1, CAPTURE, capture_df, repair, req, resp, row
+
+CONNECTIONS = 6
+
+
+def _connection(name: str, rng: random.Random) -> list[dict]:
+    """A proxied connection: requests answered in order, some lost and re-sent, an acks=0."""
+    rows, seq, uid = [row(name, 0, "open")], 1, 0
+    for cid in range(rng.randint(3, 12)):
+        api_key, frame = rng.choice([(0, ACKS1), (0, ACKS0), (3, None), (1, None)])
+        extra = {"frame": frame, "api_version": 9} if frame else {}
+        rows += [req(name, seq, "client", api_key, cid=cid, **extra)]
+        rows += [req(name, seq + 1, "upstream", api_key, cid=cid, uid=uid, **extra)]
+        seq += 2
+        if frame is ACKS0:
+            uid += 1
+            continue
+        if rng.random() < 0.2:  # lost answer, then a re-send
+            rows += [repair(name, seq, "skip_detected", uid, cid, api_key=api_key)]
+            rows += [req(name, seq + 1, "upstream", api_key, cid=cid, uid=uid + 1, **extra)]
+            rows += [
+                repair(
+                    name, seq + 2, "requeue", uid, cid, api_key=api_key, new_upstream_correlation_id=uid + 1
+                )
+            ]
+            seq, uid = seq + 3, uid + 1
+        rows += [resp(name, seq, "upstream", api_key, cid=cid, uid=uid)]
+        rows += [resp(name, seq + 1, "client", api_key, cid=cid, uid=uid)]
+        seq, uid = seq + 2, uid + 1
+    if rng.random() < 0.7:
+        rows.append(row(name, seq, "close", reason="client closed"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rng = random.Random(7)
+    return [r for i in range(CONNECTIONS) for r in _connection(f"c{i}", rng)]
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory, rows):
+    """The rows spread over three files, every connection in several, mixed in every batch."""
+    directory = tmp_path_factory.mktemp("spread")
+    schema = schema_for(CAPTURE, Source.PROXY)
+    ordered = sorted(rows, key=lambda r: (r["seq"], r["connection_id"]))
+    third = len(ordered) // 3 + 1
+    for n in range(3):
+        path = directory / f"capture-20250101T000000.000000Z-{CAPTURE[:8]}-00000{n + 1}.arrows"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            part = ordered[n * third : (n + 1) * third]
+            for start in range(0, len(part), 5):
+                writer.write_batch(pa.RecordBatch.from_pylist(part[start : start + 5], schema=schema))
+    return directory
+
+
+def test_the_index_counts_every_row_per_file_and_connection(capture, rows):
+    index = index_files(list_files(str(capture)))
+    assert len(index) == 3 and all(len(counts) > 1 for counts in index.values())
+    totals: dict[str, int] = {}
+    for counts in index.values():
+        for key, n in counts.items():
+            totals[key] = totals.get(key, 0) + n
+    assert totals == {
+        f"{CAPTURE}\x00c{i}": sum(r["connection_id"] == f"c{i}" for r in rows) for i in range(6)
+    }
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, partitions):
+    spark.dataSource.register(TransactionsDataSource)
+    df = (
+        spark.read.format(TRANSACTIONS_SOURCE)
+        .option("partitions", str(partitions))
+        .option("min_partition_rows", "1")
+        .load(str(capture))
+    )
+    assert df.rdd.getNumPartitions() == partitions
+    assertDataFrameEqual(df, transactions_of(capture_df(spark, rows)))
+
+
+def test_the_job_loads_transactions_either_way(spark, capture):
+    assertDataFrameEqual(
+        load_transactions(spark, str(capture)), load_transactions(spark, str(capture), via="binaryfile")
+    )
