@@ -250,53 +250,67 @@ class RepairMachine:
         actions = Actions()
         if self.closed is not None:
             return actions
+        # Per frame: the hot path. Attributes read once, the rare cases behind one test each.
+        to_upstream = actions.to_upstream
+        sasl_v0 = self._sasl_v0
+        sent, send_order, client_order = self._sent, self._send_order, self._client_order
+        local_answer = self._local_answer
         for frame in frames:
-            if self._sasl_v0.request_is_token():
-                actions.to_upstream.append(frame)
+            if sasl_v0.active and sasl_v0.request_is_token():
+                to_upstream.append(frame)
                 continue
             header = parse_request_header(frame)
-            if header.api_key not in PREAMBLE_KEYS:
+            api_key = header.api_key
+            if api_key in PREAMBLE_KEYS:
+                if api_key == _API_VERSIONS and self.config.client_compat:
+                    self._identify_client(frame, header)
+            elif self._preamble:
                 self._preamble = False
-            elif header.api_key == _API_VERSIONS and self.config.client_compat:
-                self._identify_client(frame, header)
-            if self._local_answer is not None and self._answer_locally(frame, header, now):
+            if local_answer is not None and self._answer_locally(frame, header, now):
                 continue
-            upstream_id = self._allocate_id()
+            upstream_id = self._next_upstream_id
+            if upstream_id in sent or upstream_id in self._acks0 or upstream_id >= MAX_CORRELATION_ID:
+                upstream_id = self._allocate_id()
+            else:
+                self._next_upstream_id = upstream_id + 1
             patch_request_correlation_id(frame, upstream_id)
-            self._seq += 1
-            if header.api_key == _PRODUCE and produce_acks(frame, header) == 0:
+            seq = self._seq = self._seq + 1
+            if api_key == _PRODUCE and produce_acks(frame, header) == 0:
                 self._remember_acks0(upstream_id)
             else:
                 request = _Request(frame, header, now)
-                if header.api_key in SASL_KEYS:
+                if api_key in SASL_KEYS:
                     self._sasl_pending += 1
-                    if is_sasl_v0_handshake(header.api_key, header.api_version):
+                    if is_sasl_v0_handshake(api_key, header.api_version):
                         self._sasl_handshake = request
-                        self._sasl_v0.handshake_sent(frame)
+                        sasl_v0.handshake_sent(frame)
                 request.upstream_id = upstream_id
-                request.seq = self._seq
-                self._sent[upstream_id] = request
-                self._send_order.append(request)
-                self._client_order.append(request)
+                request.seq = seq
+                sent[upstream_id] = request
+                send_order.append(request)
+                client_order.append(request)
             if self._flow_events:
                 actions.events.append(
-                    Forwarded(header.correlation_id, upstream_id, header.api_key, header.api_version)
+                    Forwarded(header.correlation_id, upstream_id, api_key, header.api_version)
                 )
-            actions.to_upstream.append(frame)
-        self._deliver_ready(actions)
+            to_upstream.append(frame)
+        if client_order and client_order[0].response is not None:
+            self._deliver_ready(actions)
         return actions
 
     def upstream_frames(self, frames: list[bytearray], now: float) -> Actions:
         """Responses from the broker. A frame too short for a header raises ProtocolError."""
         actions = Actions()
+        sasl_v0 = self._sasl_v0
         for frame in frames:
             if self.closed is not None:
                 break
-            if self._sasl_v0.answer_is_token():
+            if sasl_v0.answer_is_token():
+                self._deliver_ready(actions)  # answers read before the token go first
                 actions.to_client.append(frame)
                 continue
             self._on_response(frame, now, actions)
-            self._deliver_ready(actions)
+        self._deliver_ready(actions)  # once per batch: the order is the client's either way
         return actions
 
     @property
@@ -428,13 +442,16 @@ class RepairMachine:
             )
             self._skip_before(acks0_seq, now, actions, evidence="reply to acks=0 Produce")
             return
-        found_loss = self._skip_before(entry.seq, now, actions, evidence="later response")
+        order = self._send_order
+        # The broker answers in order: the answer is nearly always to the oldest send.
+        found_loss = 0 if order[0] is entry else self._skip_before(entry.seq, now, actions, "later response")
         if self.closed is not None:
             return
-        popped = self._send_order.popleft()
+        popped = order.popleft()
         assert popped is entry
         del self._sent[upstream_id]
-        self._forget_acks0_before(entry.seq)
+        if self._acks0:
+            self._forget_acks0_before(entry.seq)
         self._probe_backoff = 0
         if isinstance(entry, _Probe):
             self._probes_outstanding -= 1
@@ -449,7 +466,11 @@ class RepairMachine:
                 )
             return
         if entry.attempts == 1:
-            self._timer.observe(entry.api_key, max(now - entry.sent_at - self._hold(entry), 0.0))
+            hold = entry.hold
+            if hold is None:
+                hold = self._hold(entry)
+            sample = now - entry.sent_at - hold
+            self._timer.observe(entry.api_key, sample if sample > 0.0 else 0.0)
         if self._flow_events:
             actions.events.append(
                 Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)

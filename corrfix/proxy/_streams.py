@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 
 import trio
 
@@ -23,13 +24,26 @@ def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
     return stream.socket if isinstance(stream, trio.SocketStream) else None
 
 
-def write_frames(fd: int, frames: list[bytearray]) -> list[bytearray] | list[memoryview]:
-    """Send what a non-blocking socket takes now, in one system call; return the rest ([] when
-    everything went). A broken socket raises OSError."""
+Chunk = bytearray | memoryview
+"""A frame, or the unsent rest of one."""
+
+
+def send_frames(fd: int, frames: Sequence[Chunk]) -> int:
+    """Bytes a non-blocking socket takes now of ``frames``, in one system call (0 when it is
+    full). A broken socket raises OSError."""
+    count = len(frames)
     try:
-        sent = os.write(fd, frames[0]) if len(frames) == 1 else os.writev(fd, frames[:IOV_MAX])
+        if count == 1:
+            return os.write(fd, frames[0])
+        return os.writev(fd, frames if count <= IOV_MAX else frames[:IOV_MAX])
     except BlockingIOError:
-        return frames
+        return 0
+
+
+def unsent(frames: Sequence[Chunk], sent: int) -> list[Chunk]:
+    """What is left of ``frames`` once ``sent`` bytes went: views of the same bytes, no copy."""
+    if not sent:
+        return list(frames)
     index = 0
     for frame in frames:
         size = len(frame)
@@ -39,9 +53,14 @@ def write_frames(fd: int, frames: list[bytearray]) -> list[bytearray] | list[mem
         index += 1
     if index == len(frames):
         return []
-    rest: list[memoryview] = [memoryview(frames[index])[sent:]]
-    rest.extend(memoryview(frame) for frame in frames[index + 1 :])
+    rest: list[Chunk] = [memoryview(frames[index])[sent:]]
+    rest.extend(frames[index + 1 :])
     return rest
+
+
+def write_frames(fd: int, frames: Sequence[Chunk]) -> list[Chunk]:
+    """Send what a non-blocking socket takes now; return the rest ([] when everything went)."""
+    return unsent(frames, send_frames(fd, frames))
 
 
 class Outbox:
@@ -88,7 +107,7 @@ class Outbox:
     def write(self, frames: list[bytearray]) -> None:
         if self._dropping:
             return
-        rest: list[bytearray] | list[memoryview] = frames
+        rest: Sequence[Chunk] = frames
         if self._fd >= 0 and not self._buffer and not self._sending and not self.eof and self._error is None:
             rest = self._send_now(frames)
             if not rest:
@@ -98,7 +117,7 @@ class Outbox:
             buffer += frame
         self._changed.unpark_all()
 
-    def _send_now(self, frames: list[bytearray]) -> list[bytearray] | list[memoryview]:
+    def _send_now(self, frames: list[bytearray]) -> Sequence[Chunk]:
         """Send what the socket takes without waiting; returns the rest, for the writer task."""
         try:
             return write_frames(self._fd, frames)
