@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import synthetic_capture
+from audit_job import AUDIT_RUNS
 
 HERE = Path(__file__).parent
 BROKER_PORT = 9092
@@ -81,19 +82,24 @@ def _tshark(pcapng: Path) -> tuple[float, int]:
     return seconds, done.stdout.count("\n")
 
 
-def _run_audit_job(capture: Path, timeout: float, allowance: float) -> dict[str, object]:
+DEMO_FRAMES = 1_192
+"""With the open and close rows of its 8 connections, about the 1,203 rows of the demo's capture."""
+
+
+def _run_audit_job(capture: Path, demo: Path, timeout: float, allowance: float) -> dict[str, object]:
     """The audit job's JSON line; on timeout its whole process group (the JVM too) is killed.
 
-    ``allowance``: seconds for the Spark session to start, on top of the audit's own budget."""
+    ``allowance``: seconds for the Spark session to start, on top of the audit's own budget
+    (``timeout`` per timed run)."""
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "audit_job.py"), str(capture)],
+        [sys.executable, str(HERE / "audit_job.py"), str(capture), str(demo)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=timeout + allowance)
+        out, err = proc.communicate(timeout=AUDIT_RUNS * timeout + 2 * allowance)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -141,7 +147,10 @@ def run_audit_bench(
         frames = written * copies
         report["frames"] = frames
         report["rows"] = rows
-        result = _run_audit_job(capture, timeout, min(SESSION_ALLOWANCE, 2 * timeout))
+        demo = work / "audit-demo-capture"
+        shutil.rmtree(demo, ignore_errors=True)
+        synthetic_capture.write_capture(demo, DEMO_FRAMES)
+        result = _run_audit_job(capture, demo, timeout, min(SESSION_ALLOWANCE, 2 * timeout))
         if "timeout" in result:
             report["audit"] = {
                 "frames": frames,
@@ -162,14 +171,29 @@ def run_audit_bench(
             log(f"  {report['skipped_audit']}")
             return report
         audit_rate = frames / result["seconds"]
+        median_rate = frames / result["median_s"]
         report["audit"] = {
             "frames": frames,
             "seconds": round(result["seconds"], 2),
+            "runs_s": result["runs_s"],
             "frames_per_s": round(audit_rate),
+            "median_frames_per_s": round(median_rate),
+            "jvm_rows": result["jvm_rows"],
+            "jvm_rows_per_frame": round(result["jvm_rows"] / frames, 3),
+            "planning_s": result["planning_s"],
+            "steps_s": result["steps_s"],
+            "demo_rows": DEMO_FRAMES + 16,
+            "demo_s_after_session_start": round(result["demo_s"], 2),
             "session_start_s": round(result["session_start_s"], 1),
             "findings": result.get("findings"),
+            "counts": result.get("counts"),
         }
-        log(f"  audit: {frames:,} frames in {result['seconds']:.1f} s ({audit_rate:,.0f} frames/s)")
+        log(
+            f"  audit: {frames:,} frames, best {result['seconds']:.2f} s ({audit_rate:,.0f} frames/s), "
+            f"median {result['median_s']:.2f} s ({median_rate:,.0f} frames/s); "
+            f"{result['jvm_rows'] / frames:.3f} JVM rows per frame; "
+            f"demo-sized capture {result['demo_s']:.1f} s after the session started"
+        )
         if "ceilings_error" in result:
             report["skipped_ceilings"] = f"the floor or Spark's ceilings failed: {result['ceilings_error']}"
             log(f"  {report['skipped_ceilings']}")
@@ -189,3 +213,4 @@ def run_audit_bench(
         return report
     finally:
         shutil.rmtree(capture, ignore_errors=True)
+        shutil.rmtree(work / "audit-demo-capture", ignore_errors=True)

@@ -74,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="how to read the files (default: the Data Source where pyarrow reaches the path, "
         "else binaryFile)",
     )
+    p.add_argument(
+        "--tables",
+        metavar="DIR",
+        help="also write the transactions, facts and anomalies tables as Parquet under DIR",
+    )
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)"
@@ -122,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         rebalance_threshold=args.rebalance_threshold,
         max_findings=args.max_findings,
         via=args.via,
+        tables=args.tables,
     )
     try:
         spark, started = get_session(args.master, conf)

@@ -9,13 +9,14 @@ the facts decoded from the broker-side bodies in that same pass.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_audit._catalog import CHECKS, SEVERITIES
@@ -40,7 +41,7 @@ from spark_audit.checks import (
     upstream_strays,
     window_start,
 )
-from spark_audit.connections import FACT_COLUMNS, load_transactions
+from spark_audit.connections import FACT_COLUMNS, PAIRS_SCHEMA, load_transactions
 from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
@@ -59,6 +60,11 @@ from spark_audit.source import Via, is_local, list_files
 REPORT_FORMAT = "corrfix-audit-report"
 REPORT_VERSION = 1
 BODY_CHECKS = frozenset({"storms", "offsets", "produce"})
+PAIRS_COLUMNS = PAIRS_SCHEMA.names
+FINDING_SCHEMA = (
+    "check string, kind string, severity string, capture_id string, connection_id string, "
+    "wall_ns long, api_key short, summary string, details string"
+)
 
 
 @dataclass
@@ -74,55 +80,100 @@ class AuditOptions:
     rebalance_threshold: int = 3
     max_findings: int = 1000
     via: Via = "auto"
+    tables: str | None = None
 
 
-def _rows(df: DataFrame, order: Sequence[str] = ()) -> list[dict[str, Any]]:
-    ordered = df.orderBy(*order) if order else df
-    return [row.asDict(recursive=True) for row in ordered.collect()]
+JSON_OPTIONS = {"ignoreNullFields": "false"}
+
+
+@dataclass(frozen=True)
+class _Table:
+    """A report table: its rows as JSON, numbered in ``order`` by Spark."""
+
+    name: str
+    df: DataFrame
+    order: tuple[Column | str, ...]
+
+
+def _as_json(df: DataFrame, tag: str, order: Sequence[Column | str]) -> DataFrame:
+    """``df`` as (tag, n, json): every row as one JSON object, ``n`` its place in ``order``."""
+    place = F.row_number().over(Window.orderBy(*order)) if order else F.lit(0)
+    return df.select(
+        F.lit(tag).alias("tag"),
+        place.cast("long").alias("n"),
+        F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("json"),
+    )
+
+
+def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) -> list[DataFrame]:
+    """Counts per check, kind, severity and window (the timeline) and each check's first
+    ``limit`` findings (worst first, then by time), as :func:`_as_json` rows."""
+    found = functools.reduce(
+        DataFrame.unionByName, [df.withColumn("_check", F.lit(name)) for name, df in checks.items()]
+    )
+    window = window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
+    counts = found.groupBy("_check", "kind", "severity", window).count()
+    worst_first = F.array_position(F.array(*map(F.lit, reversed(SEVERITIES))), F.col("severity"))
+    order = [worst_first, F.col("wall_ns").asc_nulls_last(), "connection_id", "kind"]
+    place = F.row_number().over(Window.partitionBy("_check").orderBy(*order))
+    top = found.withColumn("_n", place).filter(F.col("_n") <= limit)
+    finding_columns = [c for c in top.columns if c not in ("_check", "_n")]
+    return [
+        _as_json(counts, "counts", []),
+        top.select(
+            F.concat(F.lit("top:"), F.col("_check")).alias("tag"),
+            F.col("_n").cast("long").alias("n"),
+            F.to_json(F.struct(*[F.col(c) for c in finding_columns]), JSON_OPTIONS).alias("json"),
+        ),
+    ]
+
+
+def _collect(tables: list[_Table], findings: list[DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """Every report table and the findings in one Spark action (each action costs a job,
+    whatever its size): rows grouped by tag, in order."""
+    parts = [_as_json(t.df, t.name, t.order) for t in tables] + findings
+    rows = functools.reduce(DataFrame.unionByName, parts).collect()
+    out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for row in rows:
+        out.setdefault(row["tag"], []).append((row["n"], json.loads(row["json"])))
+    return {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
 
 
 class _Collector:
     """Findings of every check: counts by kind and severity, the first ``limit`` rows by
-    severity then time, and counts per time window for the timeline. Two Spark actions per
-    check, over its findings cached once: each action costs a job, whatever its size."""
+    severity then time, and counts per time window for the timeline."""
 
-    def __init__(self, window_s: float, limit: int) -> None:
-        self.window_s = window_s
-        self.limit = limit
+    def __init__(self) -> None:
         self.checks: dict[str, dict[str, Any]] = {}
         self.timeline: list[dict[str, Any]] = []
 
-    def add(self, check: str, *frames: DataFrame) -> None:
-        found = functools.reduce(DataFrame.unionByName, frames).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            window = window_start(F.col("wall_ns"), self.window_s).alias("window_start_ns")
-            grouped = _rows(found.groupBy("kind", "severity", window).count())
-            worst_first = F.array_position(F.array(*map(F.lit, reversed(SEVERITIES))), F.col("severity"))
-            order = [worst_first, F.col("wall_ns").asc_nulls_last(), "connection_id", "kind"]
-            top = _rows(found.orderBy(*order).limit(self.limit))
-        finally:
-            found.unpersist()
-        counts: dict[tuple[str, str], int] = {}
-        marks: dict[tuple[int, str], dict[str, Any]] = {}
-        for row in grouped:
-            key = (row["kind"], row["severity"])
-            counts[key] = counts.get(key, 0) + row["count"]
+    def add(
+        self, chosen: list[str], counts: list[dict[str, Any]], top: dict[str, list[dict[str, Any]]]
+    ) -> None:
+        per_check: dict[str, dict[tuple[str, str], int]] = {name: {} for name in chosen}
+        marks: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for row in counts:
+            check, key = row["_check"], (row["kind"], row["severity"])
+            per_check[check][key] = per_check[check].get(key, 0) + row["count"]
             if row["window_start_ns"] is not None:
                 start, severity = row["window_start_ns"], row["severity"]
                 mark = marks.setdefault(
-                    (start, severity),
+                    (check, start, severity),
                     {"check": check, "window_start_ns": start, "severity": severity, "count": 0, "kinds": {}},
                 )
                 mark["count"] += row["count"]
-                mark["kinds"][row["kind"]] = row["count"]
+                mark["kinds"][row["kind"]] = mark["kinds"].get(row["kind"], 0) + row["count"]
         self.timeline.extend(marks.values())
-        total = sum(counts.values())
-        self.checks[check] = {
-            "counts": [{"kind": k, "severity": s, "count": n} for (k, s), n in sorted(counts.items())],
-            "findings": top,
-            "total": total,
-            "truncated": total > len(top),
-        }
+        for check in chosen:
+            counted = per_check[check]
+            total = sum(counted.values())
+            found = top.get(f"top:{check}", [])
+            self.checks[check] = {
+                "counts": [{"kind": k, "severity": s, "count": n} for (k, s), n in sorted(counted.items())],
+                "findings": found,
+                "total": total,
+                "truncated": total > len(found),
+            }
 
 
 def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
@@ -135,114 +186,118 @@ def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
         F.min("first_wall_ns").alias("first_wall_ns"),
         F.max("last_wall_ns").alias("last_wall_ns"),
     )
-    return _rows(agg, ["first_wall_ns"])
+    return [row.asDict(recursive=True) for row in agg.orderBy("first_wall_ns").collect()]
 
 
 class _AuditRun:
-    """One audit: the shared inputs, read at most once and cached, and one method per check."""
+    """One audit: the transactions, read once and cached, and what each check adds to the
+    report's tables and findings (plain DataFrames: nothing runs until :func:`_collect`)."""
 
-    def __init__(self, spark: SparkSession, options: AuditOptions, report: dict[str, Any]) -> None:
-        self.spark = spark
+    def __init__(self, transactions: DataFrame, options: AuditOptions) -> None:
+        self.transactions = transactions
         self.options = options
-        self.report = report
-        self.out = _Collector(options.window_s, options.max_findings)
-        self._cached: list[DataFrame] = []
-
-    def keep(self, df: DataFrame) -> DataFrame:
-        """Cache ``df`` until :meth:`release`: several actions read it."""
-        self._cached.append(df.persist(StorageLevel.MEMORY_AND_DISK))
-        return df
-
-    def release(self) -> None:
-        for df in self._cached:
-            df.unpersist()
-
-    @functools.cached_property
-    def transactions(self) -> DataFrame:
-        transactions = self.keep(load_transactions(self.spark, self.options.path, self.options.via))
-        self.report["captures"] = _captures(transactions)
-        return transactions
+        self.tables: list[_Table] = []
+        self.findings: dict[str, DataFrame] = {}
 
     @functools.cached_property
     def upstream_pairs(self) -> DataFrame:
-        return self.keep(upstream_pairs(self.transactions))
+        return upstream_pairs(self.transactions)
 
     @functools.cached_property
     def client_pairs(self) -> DataFrame:
-        return self.keep(client_pairs(self.transactions))
+        return client_pairs(self.transactions)
 
     @functools.cached_property
     def facts(self) -> DataFrame:
-        facts = self.transactions.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+        return self.transactions.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+
+    @functools.cached_property
+    def latencies(self) -> tuple[DataFrame, DataFrame]:
+        lat = latencies(self.client_pairs)
+        return lat, latency_by_api(lat)
+
+    def decode_counts(self) -> None:
         counted = self.transactions.filter(F.col("kind") == "fact_count")
-        counts = _rows(counted.groupBy("fact").agg(F.sum("rows").alias("count")), ["fact"])
-        self.report["decode"] = {"facts": {r["fact"]: r["count"] for r in counts}}
-        return facts
-
-    def upstream_ordering(self) -> None:
-        self.out.add(
-            "upstream_ordering",
-            upstream_skip_findings(upstream_skips(self.transactions, self.upstream_pairs)),
-            upstream_stray_findings(upstream_strays(self.transactions, self.upstream_pairs)),
+        self.tables.append(
+            _Table("decode", counted.groupBy("fact").agg(F.sum("rows").alias("count")), ("fact",))
         )
 
-    def client_view(self) -> None:
-        violations = client_view(self.transactions, self.client_pairs)
-        self.out.add("client_view", client_view_findings(violations))
+    def latency_tables(self) -> None:
+        lat, by_api = self.latencies
+        by_window = latency_by_window(lat, self.options.window_s)
+        self.tables.append(_Table("latency.by_api", by_api, ("api_key",)))
+        self.tables.append(_Table("latency.by_window", by_window, ("window_start_ns", "api_key")))
 
-    def latency(self) -> None:
+    def upstream_ordering(self) -> DataFrame:
+        return upstream_skip_findings(upstream_skips(self.transactions, self.upstream_pairs)).unionByName(
+            upstream_stray_findings(upstream_strays(self.transactions, self.upstream_pairs))
+        )
+
+    def client_view(self) -> DataFrame:
+        return client_view_findings(client_view(self.transactions, self.client_pairs))
+
+    def latency(self) -> DataFrame:
         o = self.options
-        lat = self.keep(latencies(self.client_pairs))
-        by_api = self.keep(latency_by_api(lat))
-        self.report["latency"] = {
-            "by_api": _rows(by_api, ["api_key"]),
-            "by_window": _rows(latency_by_window(lat, o.window_s), ["window_start_ns", "api_key"]),
-        }
-        slow = slow_requests(lat, by_api, o.slow_factor, o.slow_min_ms)
-        self.out.add("latency", slow_findings(slow))
+        lat, by_api = self.latencies
+        return slow_findings(slow_requests(lat, by_api, o.slow_factor, o.slow_min_ms))
 
-    def storms(self) -> None:
+    def storms(self) -> DataFrame:
         o = self.options
-        windows = self.keep(error_storms(self.facts, o.window_s, o.storm_threshold))
-        groups = self.keep(rebalances(self.facts, o.window_s, o.rebalance_threshold))
-        changes = self.keep(leader_changes(self.facts))
-        window_rows = _rows(windows, ["window_start_ns", "category"])
-        for row in window_rows:
-            row["error_names"] = [error_name(c) for c in row["error_codes"]]
-        self.report["storms"] = {
-            "windows": window_rows,
-            "rebalances": _rows(groups.filter(GROUP_ACTIVITY), ["window_start_ns", "group_id"]),
-            "leader_changes": _rows(changes, ["wall_ns", "topic", "partition"]),
-        }
-        self.out.add(
-            "storms",
-            storm_findings(windows, o.window_s),
-            rebalance_findings(groups, o.window_s),
-            leader_change_findings(changes),
+        windows = error_storms(self.facts, o.window_s, o.storm_threshold)
+        groups = rebalances(self.facts, o.window_s, o.rebalance_threshold)
+        changes = leader_changes(self.facts)
+        self.tables.append(_Table("storms.windows", windows, ("window_start_ns", "category")))
+        self.tables.append(
+            _Table("storms.rebalances", groups.filter(GROUP_ACTIVITY), ("window_start_ns", "group_id"))
+        )
+        self.tables.append(_Table("storms.leader_changes", changes, ("wall_ns", "topic", "partition")))
+        return (
+            storm_findings(windows, o.window_s)
+            .unionByName(rebalance_findings(groups, o.window_s))
+            .unionByName(leader_change_findings(changes))
         )
 
-    def offsets(self) -> None:
-        self.out.add("offsets", offset_loss_findings(offset_losses(self.facts)))
+    def offsets(self) -> DataFrame:
+        return offset_loss_findings(offset_losses(self.facts))
 
-    def produce(self) -> None:
-        tries = self.keep(attempts(self.facts))
-        self.out.add(
-            "produce",
-            duplicate_findings(duplicate_batches(tries)),
-            sequence_findings(sequence_problems(tries)),
+    def produce(self) -> DataFrame:
+        tries = attempts(self.facts)
+        return duplicate_findings(duplicate_batches(tries)).unionByName(
+            sequence_findings(sequence_problems(tries))
         )
+
+
+TABLES = ("transactions", "facts", "anomalies")
+
+
+def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str) -> None:
+    """The three tables as Parquet under ``directory`` (one action each): ``transactions``,
+    one row per request with its answer (client side; upstream: the overtaken sends) and per
+    stray answer, with ``latency_ms``; ``facts``, what the bodies said; ``anomalies``, every
+    finding of the checks that ran."""
+    frames = run.transactions.filter(F.col("kind") == "frame")
+    latency = F.when(F.col("answer_mono_ns").isNotNull(), (F.col("answer_mono_ns") - F.col("mono_ns")) / 1e6)
+    transactions = frames.select(
+        "capture_id", "source", "connection_id", "side", *PAIRS_COLUMNS[2:], latency.alias("latency_ms")
+    )
+    empty = run.transactions.sparkSession.createDataFrame([], FINDING_SCHEMA)
+    anomalies = functools.reduce(DataFrame.unionByName, findings.values(), empty)
+    for name, df in zip(TABLES, (transactions, run.facts, anomalies), strict=True):
+        df.write.mode("overwrite").parquet(f"{directory.rstrip('/')}/{name}")
 
 
 def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Run the chosen checks over the capture at ``options.path``; the report as a dict."""
+    """Run the chosen checks over the capture at ``options.path``; the report as a dict.
+
+    Two Spark actions, whatever the capture and the checks: one reads the capture into the
+    cached transactions (and counts it), one collects every report table and finding."""
     started = time.monotonic()
     unknown = sorted(set(options.checks) - set(CHECKS))
     if unknown:
         raise ValueError(f"unknown checks: {', '.join(unknown)}")
     chosen = [c for c in CHECKS if c in options.checks]
-    steps = 1 + len(chosen) + (1 if BODY_CHECKS.intersection(chosen) else 0)
     progress = progress or Progress(None, quiet=True)
-    progress.total = steps
+    progress.total = 3 if options.tables else 2
     if is_local(options.path) and not list_files(options.path):
         raise FileNotFoundError(f"no capture files (*.arrows) under {options.path}")
     report: dict[str, Any] = {
@@ -252,25 +307,49 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         "options": {k: v for k, v in asdict(options).items() if k != "path"},
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
     }
-    run = _AuditRun(spark, options, report)
+    transactions = load_transactions(spark, options.path, options.via).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with progress.step("reading the capture"):
-            run.transactions  # noqa: B018 - reads and caches the capture, and counts it
-        for check in chosen:
-            if check in BODY_CHECKS and "facts" not in vars(run):
-                with progress.step("decoding bodies"):
-                    run.facts  # noqa: B018 - decodes and caches the bodies
-            with progress.step(CHECKS[check].split(":")[0].lower()):
-                getattr(run, check)()
+            report["captures"] = _captures(transactions)
+        with progress.step("running the checks"):
+            run = _AuditRun(transactions, options)
+            run.latency_tables()
+            if BODY_CHECKS.intersection(chosen):
+                run.decode_counts()
+            findings = {check: getattr(run, check)() for check in chosen}
+            got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
+        if options.tables:
+            with progress.step("writing the tables"):
+                write_tables(run, findings, options.tables)
     finally:
-        run.release()
-    report["checks"] = {name: {"title": CHECKS[name], **run.out.checks[name]} for name in chosen}
-    report["timeline"] = sorted(
-        run.out.timeline, key=lambda r: (r["window_start_ns"], r["check"], r["severity"])
-    )
+        transactions.unpersist()
+    _fill(report, got)
+    out = _Collector()
+    out.add(chosen, got.get("counts", []), got)
+    report["checks"] = {name: {"title": CHECKS[name], **out.checks[name]} for name in chosen}
+    report["timeline"] = sorted(out.timeline, key=lambda r: (r["window_start_ns"], r["check"], r["severity"]))
     report["summary"] = _summary(report["checks"])
     report["elapsed_s"] = round(time.monotonic() - started, 3)
     return report
+
+
+def _fill(report: dict[str, Any], got: dict[str, list[dict[str, Any]]]) -> None:
+    """The report's tables from the collected rows, in the report's order of keys."""
+    report["latency"] = {
+        "by_api": got.get("latency.by_api", []),
+        "by_window": got.get("latency.by_window", []),
+    }
+    if "decode" in got or BODY_CHECKS.intersection(report["options"]["checks"]):
+        report["decode"] = {"facts": {r["fact"]: r["count"] for r in got.get("decode", [])}}
+    if "storms" in report["options"]["checks"]:
+        windows = got.get("storms.windows", [])
+        for row in windows:
+            row["error_names"] = [error_name(c) for c in row["error_codes"]]
+        report["storms"] = {
+            "windows": windows,
+            "rebalances": got.get("storms.rebalances", []),
+            "leader_changes": got.get("storms.leader_changes", []),
+        }
 
 
 def _summary(checks: dict[str, dict[str, Any]]) -> dict[str, Any]:

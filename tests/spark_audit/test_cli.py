@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from spark_audit import main, register_command
 
@@ -37,3 +41,23 @@ def test_register_command_wires_audit_into_a_cli():
     args = parser.parse_args(["audit", "DIR", "-o", "OUT", "--fail-on", "warning", "--window", "5"])
     assert audit.prog.endswith("audit") and args.run.__name__ == "run"
     assert (args.path, str(args.output), args.fail_on, args.window) == ("DIR", "OUT", "warning", 5.0)
+
+
+def test_tables_are_written_as_parquet_and_agree_with_the_report(spark, small_capture, tmp_path):
+    tables = tmp_path / "tables"
+    assert main([str(small_capture), "-o", str(tmp_path / "out"), "--tables", str(tables), "-q"]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    anomalies = pq.read_table(tables / "anomalies")
+    assert anomalies.num_rows == report["summary"]["findings"]
+    assert sorted(set(anomalies.column("check").to_pylist())) == sorted(
+        name for name, check in report["checks"].items() if check["total"]
+    )
+    transactions = pq.read_table(tables / "transactions")
+    client = transactions.filter(pc.equal(transactions.column("side"), "client"))
+    timed = pc.and_(pc.is_valid(client.column("latency_ms")), client.column("expects"))
+    answered = pc.sum(pc.fill_null(timed, False)).as_py()
+    assert answered == sum(row["requests"] for row in report["latency"]["by_api"])
+    facts = pq.read_table(tables / "facts")
+    counted = Counter(facts.column("fact").to_pylist())
+    decoded = report["decode"]["facts"]
+    assert counted == {k: n for k, n in decoded.items() if k != "produce_ack"}
