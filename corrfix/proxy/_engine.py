@@ -370,10 +370,10 @@ class RelayEngine:
         except OSError as exc:
             side.error = exc
             return
-        rest = unsent(frames, sent)
-        if rest:
-            side.backlog = rest
-            side.unsent = sum(map(len, rest))
+        total = sum(map(len, frames))
+        if sent < total:
+            side.backlog = unsent(frames, sent)
+            side.unsent = total - sent
 
     def _flush(self, side: _Side, now: float) -> None:
         backlog = side.backlog
