@@ -35,6 +35,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 
 from protocol._api_key import ApiKey
+from protocol._bodies import decode_exactly
 from protocol._errors import ProtocolError
 from protocol._framing import SIZE_PREFIX, BytesLike
 from protocol._headers import response_body_offset
@@ -132,11 +133,8 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
 def decode_response_body(api_key: int, api_version: int, body: BytesLike) -> ApiMessage:
     """Decode a response body with kafka-python, insisting that it is consumed exactly.
 
-    kafka-python's public ``decode`` drops the end position and does not bounds-check
-    string lengths, so a truncated body can decode "successfully" and a re-encode would
-    hand the client a repaired frame. This calls the same compiled decoder that
-    ``ApiMessage.decode`` uses, keeps the end position, and turns every failure into a
-    :class:`ProtocolError`.
+    A truncated body must not decode "successfully": a re-encode would hand the client a
+    repaired frame. Every failure is a :class:`ProtocolError` (:func:`protocol._bodies.decode_exactly`).
     """
     cls = response_class(api_key)
     if cls is None:
@@ -145,21 +143,7 @@ def decode_response_body(api_key: int, api_version: int, body: BytesLike) -> Api
         raise ProtocolError(f"{api_name(api_key)} response has negative version {api_version}")
     if api_version > cls.max_version:
         raise UndecodableVersionError(api_key, api_version, cls.max_version)
-    flexible = cls.flexible_version_q(api_version)
-    decode = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible, data_class=cls)
-    view = memoryview(body)
-    try:
-        message, end = decode(view, 0)
-    except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, AssertionError, ...
-        raise ProtocolError(
-            f"malformed {api_name(api_key)} v{api_version} response body: {type(exc).__name__}: {exc}"
-        ) from exc
-    if end != len(view):
-        raise ProtocolError(
-            f"{api_name(api_key)} v{api_version} response body is {len(view)} bytes "
-            f"but its fields end at {end}"
-        )
-    return message
+    return decode_exactly(cls, api_version, body)
 
 
 def encode_response_body(message: ApiMessage) -> bytes:

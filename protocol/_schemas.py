@@ -18,8 +18,60 @@ import kafka.protocol
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas import BaseField, load_json
 
+from protocol._api_key import ApiKey
+
 _RESOURCES = "kafka.protocol.schemas.resources"
 _NO_VERSIONS = (-1, -1)
+_OPEN_END = 32767  # "N+" in a schema's version ranges
+
+# The request schemas kafka-python ships no copy of: inter-broker and retired keys, KRaft,
+# share and streams groups. (highest request version, first flexible version or None), from
+# the validVersions and flexibleVersions of Apache Kafka's JSON schemas, the last version
+# that defined each. LeaderAndIsr to ControlledShutdown are the 0.8-era inter-broker keys
+# that Kafka 4.0 removed.
+_KAFKA_ONLY_REQUESTS: dict[int, tuple[int, int | None]] = {
+    ApiKey.LEADER_AND_ISR: (7, 4),
+    ApiKey.STOP_REPLICA: (4, 2),
+    ApiKey.UPDATE_METADATA: (8, 6),
+    ApiKey.CONTROLLED_SHUTDOWN: (3, 3),
+    ApiKey.CREATE_DELEGATION_TOKEN: (3, 2),
+    ApiKey.RENEW_DELEGATION_TOKEN: (2, 2),
+    ApiKey.EXPIRE_DELEGATION_TOKEN: (2, 2),
+    ApiKey.DESCRIBE_DELEGATION_TOKEN: (3, 2),
+    ApiKey.VOTE: (2, 0),
+    ApiKey.BEGIN_QUORUM_EPOCH: (1, 1),
+    ApiKey.END_QUORUM_EPOCH: (1, 1),
+    ApiKey.ALTER_PARTITION: (3, 0),
+    ApiKey.ENVELOPE: (0, 0),
+    ApiKey.FETCH_SNAPSHOT: (1, 0),
+    ApiKey.BROKER_REGISTRATION: (4, 0),
+    ApiKey.BROKER_HEARTBEAT: (1, 0),
+    ApiKey.UNREGISTER_BROKER: (0, 0),
+    ApiKey.ALLOCATE_PRODUCER_IDS: (0, 0),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (1, 0),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (1, 0),
+    ApiKey.CONTROLLER_REGISTRATION: (0, 0),
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
+    ApiKey.PUSH_TELEMETRY: (0, 0),
+    ApiKey.ASSIGN_REPLICAS_TO_DIRS: (0, 0),
+    ApiKey.SHARE_GROUP_HEARTBEAT: (1, 0),
+    ApiKey.SHARE_GROUP_DESCRIBE: (1, 0),
+    ApiKey.SHARE_FETCH: (2, 0),
+    ApiKey.SHARE_ACKNOWLEDGE: (2, 0),
+    ApiKey.ADD_RAFT_VOTER: (0, 0),
+    ApiKey.REMOVE_RAFT_VOTER: (0, 0),
+    ApiKey.UPDATE_RAFT_VOTER: (0, 0),
+    ApiKey.INITIALIZE_SHARE_GROUP_STATE: (0, 0),
+    ApiKey.READ_SHARE_GROUP_STATE: (0, 0),
+    ApiKey.WRITE_SHARE_GROUP_STATE: (0, 0),
+    ApiKey.DELETE_SHARE_GROUP_STATE: (0, 0),
+    ApiKey.READ_SHARE_GROUP_STATE_SUMMARY: (0, 0),
+    ApiKey.STREAMS_GROUP_HEARTBEAT: (1, 0),
+    ApiKey.STREAMS_GROUP_DESCRIBE: (1, 0),
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: (0, 0),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +105,26 @@ def api_schemas() -> dict[int, ApiSchema]:
             valid_versions=BaseField.parse_versions(data["validVersions"]),
             flexible_versions=BaseField.parse_versions(data.get("flexibleVersions", "none")),
         )
+    return schemas
+
+
+@cache
+def every_request_schema() -> dict[int, ApiSchema]:
+    """Every request Kafka has defined, by api key, with every version it ever had.
+
+    Versions run from 0 (Kafka 4.0 dropped Produce v0-v2, Fetch v0-v3 and others from its
+    schemas; old clients still send them, and kafka-python still decodes them) to the
+    highest one defined. Keys kafka-python has no schema for come from
+    ``_KAFKA_ONLY_REQUESTS``; their bodies cannot be decoded, only their headers read.
+    """
+    schemas = {
+        key: ApiSchema(key, schema.name, (0, schema.valid_versions[1]), schema.flexible_versions)
+        for key, schema in api_schemas().items()
+    }
+    for key, (highest, flexible) in _KAFKA_ONLY_REQUESTS.items():
+        flexible_versions = _NO_VERSIONS if flexible is None else (flexible, _OPEN_END)
+        name = "".join(part.title() for part in ApiKey(key).name.split("_"))
+        schemas.setdefault(key, ApiSchema(int(key), name, (0, highest), flexible_versions))
     return schemas
 
 

@@ -5,7 +5,8 @@ TCP reassembly and frame boundaries for captures taken without corrfix live here
 
 from __future__ import annotations
 
-from ._import import CaptureRowWriter, add_import_command, import_pcap
+from ._import import CaptureRowWriter, ImportStats, WireImporter, import_pcap
+from ._import_command import add_import_command
 from ._packets import (
     LINKTYPE_ETHERNET,
     LINKTYPE_LINUX_SLL,
@@ -13,8 +14,11 @@ from ._packets import (
     LINKTYPE_LOOP,
     LINKTYPE_NULL,
     LINKTYPE_RAW,
+    TcpSegment,
+    read_segments,
 )
 from ._pcapng import add_pcapng_arguments, export_pcapng, run_pcapng
+from ._provenance import CaptureIdTakenError
 from ._tcp_stream import Data, Gap, StreamReassembler
 from ._wire_frames import FrameSplitter, RequestBoundary, ResponseBoundary
 
@@ -25,16 +29,21 @@ __all__ = [
     "LINKTYPE_LOOP",
     "LINKTYPE_NULL",
     "LINKTYPE_RAW",
+    "CaptureIdTakenError",
     "CaptureRowWriter",
     "Data",
     "FrameSplitter",
     "Gap",
+    "ImportStats",
     "RequestBoundary",
     "ResponseBoundary",
     "StreamReassembler",
+    "TcpSegment",
+    "WireImporter",
     "add_import_command",
     "add_pcapng_arguments",
     "export_pcapng",
     "import_pcap",
+    "read_segments",
     "run_pcapng",
 ]

@@ -8,13 +8,13 @@ null. Every frame row has ``side="client"``: the wire between a client and its b
 open and close rows have no side, as in proxy captures.
 
 Timestamps are the packet's capture time, in ``wall_ns`` and (the capture has no other
-clock) in ``mono_ns`` alike. A frame's time is that of the packet that completed it.
-Rows are written in the order the frames were completed; ``seq`` counts per connection
-from the open row (0).
+clock) in ``mono_ns`` alike. A frame's time is that of the packet that carried its first
+byte. Rows are written in the order the frames were completed; ``seq`` counts per
+connection from the open row (0).
 
 What the capture lacks is said in ``reason`` (comma-separated ``key`` or ``key=value``):
-on frame rows ``gap_before``, ``skipped_before``, ``missing``, ``incomplete`` and
-``unmatched``; on open rows ``syn`` or ``midstream``; on close rows ``fin``, ``rst``,
+on frame rows ``gap_before``, ``skipped_before``, ``missing``, ``incomplete``,
+``unmatched`` and ``latency_unknown``; on open rows ``syn`` or ``midstream``; on close rows ``fin``, ``rst``,
 ``new_syn`` (the same addresses and ports opened a new connection) or ``capture_end``, then
 the bytes after the last frame of each direction that could not be framed
 (``request_gap``, ``request_skipped``, ``response_gap``, ``response_skipped``).
@@ -23,29 +23,39 @@ docs/capture-format.md has the details.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import math
-import sys
 import time
-import uuid
 from collections.abc import Collection, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, CaptureSummary, capture_stem, write_summary
+from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address, read_segments
+from corrfix.capture.pcap._provenance import (
+    WireCaptureSummary,
+    check_prior,
+    default_capture_id,
+    file_sha256,
+    file_stem,
+)
 from corrfix.capture.pcap._tcp_stream import Piece, StreamReassembler
-from corrfix.capture.pcap._wire_frames import FrameSplitter, RequestBoundary, ResponseBoundary, WireFrame
-from protocol import DEFAULT_MAX_FRAME_SIZE, ProtocolError, parse_request_header
+from corrfix.capture.pcap._wire_frames import (
+    RESPONSE_LOOKBACK,
+    FrameSplitter,
+    RequestBoundary,
+    ResponseBoundary,
+    WireFrame,
+)
+from protocol import DEFAULT_MAX_FRAME_SIZE, ProtocolError, parse_request_header, request_header_end
 
 DEFAULT_KAFKA_PORT = 9092
 MAX_PENDING_REQUESTS = 10_000  # unanswered requests remembered per connection (acks=0 never are)
+MAX_HELD_ANSWERS = 256  # answers held while the requests are searched for
 _BATCH_ROWS = 1024
 _ROTATE_BYTES = 256 * 1024 * 1024
 
@@ -66,30 +76,45 @@ class ImportStats:
     requests: int = 0
     responses: int = 0
     unmatched_responses: int = 0
+    latency_unknown: int = 0
     truncated_frames: int = 0
     gap_bytes: int = 0
     skipped_bytes: int = 0
     unsupported_link_types: dict[int, int] = field(default_factory=dict)
     ip_fragments: int = 0
     truncated_file: bool = False
+    kafka_like_ports: dict[int, int] = field(default_factory=dict)  # other ports: segments opening a request
+    pcap_sha256: str = ""
+    already_imported: str | None = None  # the summary of an earlier import of the same pcap
 
 
 class CaptureRowWriter:
     """Rows (dicts) to a capture directory, through the proxy capture's file layer.
 
     Files are named like a proxy capture's, after the first row's time, so captures of
-    both sources sort together; a JSON summary (source ``wire``) sits next to them.
+    both sources sort together, but with the whole capture id; a JSON summary (source
+    ``wire``, with the pcap's name and hash) sits next to them.
     """
 
-    def __init__(self, directory: Path, capture_id: str, batch_rows: int = _BATCH_ROWS) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        capture_id: str,
+        batch_rows: int = _BATCH_ROWS,
+        *,
+        pcap_name: str | None = None,
+        pcap_sha256: str | None = None,
+    ) -> None:
         self.directory = directory
         self.capture_id = capture_id
+        self.pcap_name = pcap_name
+        self.pcap_sha256 = pcap_sha256
         self.schema = schema_for(capture_id, Source.WIRE)
         self.batch_rows = batch_rows
         self.rows = 0
         self._pending: list[Row] = []
         self._files: CaptureFiles | None = None
-        self._summary: CaptureSummary | None = None
+        self._summary: WireCaptureSummary | None = None
 
     @property
     def files(self) -> list[Path]:
@@ -108,11 +133,17 @@ class CaptureRowWriter:
             return
         if self._files is None:
             started = self._pending[0]["wall_ns"]
-            stem = capture_stem(self.capture_id, started)
+            stem = file_stem(self.capture_id, started)
             self._files = CaptureFiles(
                 self.directory, stem, self.schema, rotate_bytes=_ROTATE_BYTES, rotate_seconds=math.inf
             )
-            self._summary = CaptureSummary(self.capture_id, Source.WIRE.value, started)
+            self._summary = WireCaptureSummary(
+                self.capture_id,
+                Source.WIRE.value,
+                started,
+                pcap_name=self.pcap_name,
+                pcap_sha256=self.pcap_sha256,
+            )
         self._files.write(pa.RecordBatch.from_pylist(self._pending, schema=self.schema))
         self._pending = []
 
@@ -147,16 +178,24 @@ class WireConnection:
         self.last_ts_ns = ts_ns
         self.fins: set[bool] = set()  # True: the client's FIN
         self._seq = 0
-        self._pending: collections.OrderedDict[int, collections.deque[tuple[int, int]]] = (
+        # Unanswered requests by correlation id: (api key, version, responses delivered by then).
+        self._pending: collections.OrderedDict[int, collections.deque[tuple[int, int, int]]] = (
             collections.OrderedDict()
         )
         self._pending_count = 0
+        self._highest_id: int | None = None
         self.to_server = StreamReassembler()
         self.to_client = StreamReassembler()
         self.requests = FrameSplitter(RequestBoundary(max_frame_size=max_frame_size), synced=False)
         self.responses = FrameSplitter(
-            ResponseBoundary(self._is_pending, self._pending_ids, max_frame_size=max_frame_size), synced=False
+            ResponseBoundary(self._lookup, self._pending_ids, self._highest, max_frame_size=max_frame_size),
+            synced=False,
+            lookback=RESPONSE_LOOKBACK,
         )
+        # Answers that matched nothing while the requests were out of sync: their request may
+        # yet be proven (after its own answer arrived), so they wait for it.
+        self._held_answers: list[WireFrame] = []
+        self._new_ids: list[int] = []
         self.opened = self._row(RowKind.OPEN, ts_ns, reason="syn" if syn else "midstream")
         self.opened.update(self._addresses())
         self.stats = collections.Counter[str]()
@@ -183,7 +222,7 @@ class WireConnection:
         rows += self._frames(pieces, splitter, from_client)
         if seg.fin:
             self.fins.add(from_client)
-        return rows
+        return rows + self._late_answers()
 
     def close(self, ts_ns: int, reason: str) -> list[Row]:
         """Deliver what the streams still hold, then the close row."""
@@ -195,7 +234,8 @@ class WireConnection:
         ):
             rows += self._frames(stream.finish(ts_ns), splitter, is_request)
             frames, gap, skipped = splitter.finish(ts_ns)
-            rows += [self._frame_row(frame, is_request) for frame in frames]
+            rows += [row for frame in frames if (row := self._frame_row(frame, is_request)) is not None]
+            rows += self._late_answers(final=True)
             if gap:
                 tokens.append(f"{name}_gap={gap}")
             if skipped:
@@ -212,10 +252,49 @@ class WireConnection:
     def _frames(self, pieces: list[Piece], splitter: FrameSplitter, is_request: bool) -> list[Row]:
         rows = []
         for piece in pieces:
-            rows += [self._frame_row(frame, is_request) for frame in splitter.feed(piece)]
+            rows += [
+                row
+                for frame in splitter.feed(piece)
+                if (row := self._frame_row(frame, is_request)) is not None
+            ]
         return rows
 
-    def _frame_row(self, frame: WireFrame, is_request: bool) -> Row:
+    def _late_answers(self, final: bool = False) -> list[Row]:
+        """Answers to requests proven since: found among searched bytes, or released from hold."""
+        rows: list[Row] = []
+        if self._new_ids:
+            ids, self._new_ids = self._new_ids, []
+            for frame in self.responses.reconsider(
+                lambda buf, stop: ResponseBoundary.offsets_of(ids, buf, 0, stop)
+            ):
+                rows.append(self._response_row(frame))
+        if self._held_answers and (
+            final or not self.requests.searching or len(self._held_answers) > MAX_HELD_ANSWERS
+        ):
+            held, self._held_answers = self._held_answers, []
+            rows += [self._response_row(frame) for frame in held]
+        return rows
+
+    def _frame_row(self, frame: WireFrame, is_request: bool) -> Row | None:
+        """The frame's row; None for an answer held until the requests are in sync again."""
+        if is_request:
+            return self._request_row(frame)
+        correlation_id = _int(frame.data, 4, 8)
+        if self.requests.searching and correlation_id not in self._pending:
+            self._held_answers.append(frame)
+            return None
+        if self._held_answers:  # keep the answers in their order
+            self._held_answers.append(frame)
+            return None
+        return self._response_row(frame)
+
+    def _request_row(self, frame: WireFrame) -> Row:
+        return self._row_of(frame, True)
+
+    def _response_row(self, frame: WireFrame) -> Row:
+        return self._row_of(frame, False)
+
+    def _row_of(self, frame: WireFrame, is_request: bool) -> Row:
         tokens = []
         if frame.gap_before:
             tokens.append(f"gap_before={frame.gap_before}")
@@ -235,7 +314,10 @@ class WireConnection:
             api_key = api_version = None
             correlation_id = _int(frame.data, 4, 8)
             if correlation_id is not None and (match := self._answer(correlation_id)) is not None:
-                api_key, api_version = match
+                api_key, api_version, answers_from = match
+                if frame.hole_end > answers_from:
+                    tokens.append("latency_unknown")  # its first answer may be among the lost bytes
+                    self.stats["latency_unknown"] += 1
             else:
                 tokens.append("unmatched")
                 self.stats["unmatched_responses"] += 1
@@ -261,18 +343,23 @@ class WireConnection:
             api_key, api_version, correlation_id = header.api_key, header.api_version, header.correlation_id
         except ProtocolError:  # the header itself was cut; its fixed fields are still there
             api_key, api_version, correlation_id = _int(data, 4, 6), _int(data, 6, 8), _int(data, 8, 12)
-        self._pending.setdefault(correlation_id, collections.deque()).append((api_key, api_version))
+        waiting = (api_key, api_version, self.to_client.position)
+        self._pending.setdefault(correlation_id, collections.deque()).append(waiting)
         self._pending.move_to_end(correlation_id)
         self._pending_count += 1
+        if self._highest_id is None or correlation_id > self._highest_id:
+            self._highest_id = correlation_id
+        if self.responses.searching:
+            self._new_ids.append(correlation_id)
         while self._pending_count > MAX_PENDING_REQUESTS:
             oldest = next(iter(self._pending))
             self._take(oldest)
         return api_key, api_version, correlation_id
 
-    def _answer(self, correlation_id: int) -> tuple[int, int] | None:
+    def _answer(self, correlation_id: int) -> tuple[int, int, int] | None:
         return self._take(correlation_id) if correlation_id in self._pending else None
 
-    def _take(self, correlation_id: int) -> tuple[int, int]:
+    def _take(self, correlation_id: int) -> tuple[int, int, int]:
         waiting = self._pending[correlation_id]
         match = waiting.popleft()
         if not waiting:
@@ -280,11 +367,16 @@ class WireConnection:
         self._pending_count -= 1
         return match
 
-    def _is_pending(self, correlation_id: int) -> bool:
-        return correlation_id in self._pending
+    def _lookup(self, correlation_id: int) -> tuple[int, int] | None:
+        """Api key and version of the oldest unanswered request with this id."""
+        waiting = self._pending.get(correlation_id)
+        return waiting[0][:2] if waiting else None
 
     def _pending_ids(self) -> Iterator[int]:
         return iter(list(self._pending))
+
+    def _highest(self) -> int | None:
+        return self._highest_id
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -328,6 +420,9 @@ class WireImporter:
         """Rows completed by this segment (none for other ports)."""
         oriented = self._orient(seg)
         if oriented is None:
+            if seg.payload and request_header_end(seg.payload, self.max_frame_size) > 0:
+                ports = self.stats.kafka_like_ports
+                ports[seg.dport] = ports.get(seg.dport, 0) + 1
             return []
         self.stats.kafka_segments += 1
         key, from_client = oriented
@@ -393,6 +488,7 @@ class WireImporter:
             "requests",
             "responses",
             "unmatched_responses",
+            "latency_unknown",
             "truncated_frames",
             "gap_bytes",
             "skipped_bytes",
@@ -409,11 +505,22 @@ def import_pcap(
     capture_id: str | None = None,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
 ) -> ImportStats:
-    """Convert a pcap/pcapng file into a capture in ``out_dir`` (created if needed)."""
-    capture_id = capture_id or uuid.uuid4().hex
+    """Convert a pcap/pcapng file into a capture in ``out_dir`` (created if needed).
+
+    The default capture id is derived from the file's content. A pcap whose content was
+    already imported into ``out_dir`` is not imported again: the stats say so in
+    ``already_imported``. A ``capture_id`` already used there for other content raises
+    :class:`~corrfix.capture.pcap._provenance.CaptureIdTakenError`.
+    """
+    sha256 = file_sha256(source)
+    capture_id = capture_id or default_capture_id(sha256)
+    prior = check_prior(out_dir, capture_id, sha256)
+    if prior is not None:
+        already = str(prior.summary)
+        return ImportStats(capture_id=prior.capture_id, pcap_sha256=sha256, already_imported=already)
     importer = WireImporter(kafka_ports, max_frame_size)
     packet_stats = PacketStats()
-    writer = CaptureRowWriter(out_dir, capture_id)
+    writer = CaptureRowWriter(out_dir, capture_id, pcap_name=source.name, pcap_sha256=sha256)
     try:
         for segment in read_segments(source, packet_stats):
             for row in importer.segment(segment):
@@ -425,80 +532,10 @@ def import_pcap(
     stats = importer.stats
     stats.files = [str(path) for path in writer.files]
     stats.capture_id = capture_id
+    stats.pcap_sha256 = sha256
     stats.packets = packet_stats.packets
     stats.tcp_segments = packet_stats.tcp
     stats.unsupported_link_types = dict(packet_stats.unsupported_link)
     stats.ip_fragments = packet_stats.fragments
     stats.truncated_file = packet_stats.truncated_file
     return stats
-
-
-# -- command line ----------------------------------------------------------------------------
-
-
-def add_import_command(capture_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``corrfix capture import-pcap``."""
-    p = capture_subparsers.add_parser(
-        "import-pcap",
-        help="convert a tcpdump capture (pcap or pcapng) of Kafka traffic into a corrfix capture",
-        description="Reassemble every TCP connection to the Kafka port(s), split it into Kafka frames, "
-        "match responses to requests by correlation id, and write one capture file (source=wire) "
-        "that `corrfix replay` and the capture tools read.",
-    )
-    p.add_argument("pcap", type=Path, help="pcap or pcapng file (Ethernet, Linux cooked, raw IP, loopback)")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="capture directory")
-    p.add_argument(
-        "--kafka-port",
-        type=int,
-        action="append",
-        metavar="PORT",
-        help=f"the brokers' port; repeat for several (default {DEFAULT_KAFKA_PORT})",
-    )
-    p.add_argument("--capture-id", help="capture id (default: random)")
-    p.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(run=run_import)
-    return p
-
-
-def run_import(args: argparse.Namespace) -> int:
-    if not args.pcap.is_file():
-        print(f"corrfix: no such capture file: {args.pcap}", file=sys.stderr)
-        return 2
-    try:
-        stats = import_pcap(
-            args.pcap,
-            args.output,
-            args.kafka_port or [DEFAULT_KAFKA_PORT],
-            capture_id=args.capture_id,
-            max_frame_size=args.max_frame_size,
-        )
-    except (ValueError, OSError) as exc:  # dpkt raises ValueError for a file that is no capture
-        print(f"corrfix: cannot import {args.pcap}: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(asdict(stats), indent=2))
-    else:
-        print(_summary(stats))
-    return 0
-
-
-def _summary(stats: ImportStats) -> str:
-    lines = [
-        f"capture {stats.capture_id}: {', '.join(stats.files) or 'no rows, no file written'}",
-        f"  packets {stats.packets:,}, TCP {stats.tcp_segments:,}, on Kafka ports {stats.kafka_segments:,}",
-        f"  connections {stats.connections:,}, requests {stats.requests:,}, responses {stats.responses:,} "
-        f"({stats.unmatched_responses:,} unmatched)",
-    ]
-    if stats.gap_bytes or stats.skipped_bytes or stats.truncated_frames:
-        lines.append(
-            f"  not captured: {stats.gap_bytes:,} bytes; not framable: {stats.skipped_bytes:,} bytes; "
-            f"truncated frames: {stats.truncated_frames:,}"
-        )
-    if stats.unsupported_link_types:
-        lines.append(f"  skipped packets of unsupported link types: {stats.unsupported_link_types}")
-    if stats.ip_fragments:
-        lines.append(f"  skipped IP fragments: {stats.ip_fragments:,}")
-    if stats.truncated_file:
-        lines.append("  the file ends in the middle of a packet (capture still running, or killed?)")
-    return "\n".join(lines)

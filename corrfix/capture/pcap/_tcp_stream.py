@@ -13,8 +13,15 @@ A hole is held open while a retransmission may still fill it. It is declared a g
 * more than ``max_held_bytes`` wait behind it; or
 * the stream ends (:meth:`finish`).
 
-Offsets count from the first byte after the SYN, or from the first byte seen when the
-capture started mid-stream; 32-bit sequence numbers are unwrapped against the position.
+Offsets count from the first byte after the SYN. When the capture started mid-stream,
+they count from the first byte the peer was still waiting for when the capture began (its
+first acknowledgement seen), so the bytes sent between that and the first captured one
+are a hole too: acknowledgements seen before the first captured byte declare their part
+of it a gap at once. Without such an acknowledgement, offsets count from the first byte
+seen. 32-bit sequence numbers are unwrapped against the position.
+
+Each :class:`Data` piece carries the capture time of the packet that carried it, not of the
+packet that closed a hole before it: a frame is timed by its own first byte.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Data:
-    """Stream bytes at ``offset``; ``ts_ns`` is when the packet that made them in-order was captured."""
+    """Stream bytes at ``offset``; ``ts_ns`` is when the packet that carried them was captured."""
 
     offset: int
     data: bytes
@@ -58,9 +65,13 @@ class StreamReassembler:
         self._isn: int | None = None  # sequence number of stream offset 0
         self._next = 0  # offset of the next byte to deliver
         self._end: int | None = None  # offset of the FIN, once seen
+        self._seen_end = 0  # end of the furthest segment seen
         self._held: list[tuple[int, int, bytes, int, int]] = []  # (offset, order, data, length, ts)
         self._held_bytes = 0
         self._order = itertools.count()
+        # Acknowledgements of this direction seen before its first byte (mid-stream start).
+        self._first_ack: int | None = None
+        self._last_ack: int | None = None
 
     @property
     def started(self) -> bool:
@@ -89,20 +100,26 @@ class StreamReassembler:
 
     def segment(self, seq: int, payload: bytes, length: int, ts_ns: int, fin: bool = False) -> list[Piece]:
         """A captured segment: ``payload`` is its captured data, ``length`` its real data length."""
+        out: list[Piece] = []
         if self._isn is None:
             if not length:
                 return []
-            self._isn = seq  # mid-stream: this segment's first byte is offset 0
+            self._isn = seq  # mid-stream: this segment's first byte is offset 0 ...
+            first, last = self._first_ack, self._last_ack
+            if first is not None and last is not None and 0 < (seq - first) % _SEQ_MOD < _HALF:
+                self._isn = first  # ... unless the peer was waiting for earlier bytes
+                out += self.acknowledged(last, ts_ns)
         offset = self._unwrap(seq)
+        self._seen_end = max(self._seen_end, offset + length)
         if fin:
             self._end = offset + length
         if not length or offset + length <= self._next:
-            return []  # pure ACK, keep-alive, or a retransmission of delivered bytes
+            return out  # pure ACK, keep-alive, or a retransmission of delivered bytes
         if self._end is not None and offset >= self._end:
-            return []  # nothing follows a FIN
+            return out  # nothing follows a FIN
         heapq.heappush(self._held, (offset, next(self._order), payload, length, ts_ns))
         self._held_bytes += len(payload)
-        out = self._drain(ts_ns)
+        out += self._drain(ts_ns)
         while self._held_bytes > self.max_held_bytes:
             out += self._skip_to(self._held[0][0], ts_ns)
         return out
@@ -110,10 +127,16 @@ class StreamReassembler:
     def acknowledged(self, ack: int, ts_ns: int) -> list[Piece]:
         """The peer acknowledged everything before ``ack``: bytes not captured by then never will be."""
         if self._isn is None:
+            if self._first_ack is None:
+                self._first_ack = ack
+            if self._last_ack is None or 0 < (ack - self._last_ack) % _SEQ_MOD < _HALF:
+                self._last_ack = ack
             return []
         upto = self._unwrap(ack)
         if self._end is not None:
             upto = min(upto, self._end)  # the FIN takes a sequence number but is no data
+        elif upto == self._seen_end + 1 and not self._held:
+            upto -= 1  # most likely the FIN, its ACK captured before it
         out: list[Piece] = []
         while upto > self._next:
             if self._held and self._held[0][0] <= self._next:
@@ -123,8 +146,18 @@ class StreamReassembler:
         return out
 
     def finish(self, ts_ns: int) -> list[Piece]:
-        """The stream is over (FIN, RST, or end of capture): deliver everything still held."""
+        """The stream is over (FIN, RST, or end of capture): deliver everything still held.
+
+        A direction of which no byte was captured still reports what its acknowledgements
+        prove was sent.
+        """
         out: list[Piece] = []
+        first, last = self._first_ack, self._last_ack
+        if self._isn is None and first is not None and last is not None:
+            sent = (last - first) % _SEQ_MOD
+            if 0 < sent < _HALF:
+                out.append(Gap(0, sent, ts_ns))
+            return out
         while self._held:
             out += self._skip_to(self._held[0][0], ts_ns)
         if self._end is not None and self._end > self._next:
@@ -148,12 +181,12 @@ class StreamReassembler:
         return out + self._drain(ts_ns)
 
     def _drain(self, now_ns: int) -> list[Piece]:
-        """Deliver what is in order now; ``now_ns``: the capture time of the packet that made it so."""
+        """Deliver what is in order now; ``now_ns``: the capture time of the packet that made it so
+        (the time a snap-length gap is declared; data keeps its own packet's time)."""
         out: list[Piece] = []
         held = self._held
         while held and held[0][0] <= self._next:
-            offset, _, payload, length, captured_ns = heapq.heappop(held)
-            ts_ns = max(captured_ns, now_ns)
+            offset, _, payload, length, ts_ns = heapq.heappop(held)
             self._held_bytes -= len(payload)
             captured_end = offset + len(payload)
             if captured_end > self._next:
@@ -165,6 +198,6 @@ class StreamReassembler:
             if held and held[0][0] < end:
                 end = max(self._next, held[0][0])
             if end > self._next:
-                out.append(Gap(self._next, end - self._next, ts_ns))
+                out.append(Gap(self._next, end - self._next, now_ns))
                 self._next = end
         return out

@@ -42,8 +42,8 @@ def test_noise_that_looks_like_a_header_until_its_client_id_is_rejected():
 
 
 def test_response_resync_needs_a_pending_correlation_id():
-    pending = {12}
-    boundary = ResponseBoundary(pending.__contains__, lambda: iter(pending))
+    pending = {12: (18, 3)}
+    boundary = ResponseBoundary(pending.get, lambda: iter(pending), lambda: max(pending))
     splitter = FrameSplitter(boundary, synced=False)
     other, wanted = api_versions(11).response, api_versions(12).response
     frames = feed(splitter, Data(0, other[5:] + other + wanted, 0))
@@ -72,7 +72,7 @@ def test_a_gap_across_a_frame_boundary_truncates_then_resyncs():
         (third, len(third), 0),
     ]
     assert (frames[1].gap_before, frames[1].skipped_before) == (20, len(second) - 20)
-    assert [f.ts_ns for f in frames] == [2, 3]
+    assert [f.ts_ns for f in frames] == [1, 3]  # each frame: the packet of its first byte
 
 
 def test_finish_reports_a_partial_frame_and_unframed_bytes():
@@ -95,7 +95,7 @@ def test_reassembler_unwraps_sequence_numbers_and_drops_old_data():
     assert stream.segment(isn + 10, b"later", 5, 2) == []  # held behind a hole
     assert stream.held_bytes == 5
     pieces = stream.segment(isn, b"0123456789", 10, 3)
-    assert pieces == [Data(0, b"0123456789", 3), Data(10, b"later", 3)]
+    assert pieces == [Data(0, b"0123456789", 3), Data(10, b"later", 2)]  # each with its own packet's time
     assert stream.segment(isn + 2, b"23", 2, 4) == []  # a retransmission
     assert stream.acknowledged((isn + 20) % (1 << 32), 5) == [Gap(15, 5, 5)]
     assert stream.position == 20
