@@ -5,15 +5,44 @@ Usage from ``corrfix/cli.py``::
     capture = subparsers.add_parser("capture", help="inspect and export captures")
     add_capture_commands(capture.add_subparsers(dest="capture_command", required=True))
 
-Each subcommand sets ``run(args) -> int``, as the other commands do.
+Each subcommand sets ``run(args) -> int``, as the other commands do. Their output is made
+to be piped: a reader that goes away early (``| head``) ends the command quietly with the
+status a SIGPIPE gives (141), not with a BrokenPipeError traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import signal
+import sys
+from collections.abc import Callable
 
 from corrfix.capture._info import add_info_arguments, run_info
 from corrfix.capture.pcap import add_import_command, add_pcapng_arguments, run_pcapng
+
+Run = Callable[[argparse.Namespace], int]
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def quiet_when_piped(run: Run) -> Run:
+    """``run``, ending quietly when stdout's reader has gone away."""
+
+    @functools.wraps(run)
+    def piped(args: argparse.Namespace) -> int:
+        try:
+            status = run(args)
+            sys.stdout.flush()  # a broken pipe shows here, not at exit
+        except BrokenPipeError:
+            # Python would flush stdout again at exit and complain: point it at /dev/null.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return EXIT_BROKEN_PIPE
+        return status
+
+    return piped
 
 
 def add_capture_commands(
@@ -36,4 +65,7 @@ def add_capture_commands(
     )
     add_pcapng_arguments(pcapng)
     pcapng.set_defaults(run=run_pcapng)
-    return {"info": info, "pcapng": pcapng, "import-pcap": add_import_command(capture_subparsers)}
+    commands = {"info": info, "pcapng": pcapng, "import-pcap": add_import_command(capture_subparsers)}
+    for parser in commands.values():
+        parser.set_defaults(run=quiet_when_piped(parser.get_default("run")))
+    return commands
