@@ -23,7 +23,7 @@ from corrfix.capture.pcap import (
     LINKTYPE_RAW,
     import_pcap,
 )
-from tests.support.kafka_frames import Exchange, api_versions, produce, session
+from tests.support.kafka_frames import Exchange, api_versions, metadata, produce, session
 from tests.support.tcp_synth import Segment, TcpSession, ip_packet, link_frame, split, timed, write_capture
 
 START_NS = 1_700_000_000_000_000_000
@@ -457,3 +457,86 @@ def test_any_segmentation_duplication_overlap_and_reordering(tmp_path_factory, m
         damaged += pieces + [rng.choice(pieces) for _ in range(rng.randrange(3))]
     rows = run_import(tmp_path_factory.mktemp("prop"), tcp, head + damaged + [tcp.fin(True), tcp.fin(False)])
     assert frames(rows) == expected(exchanges)
+
+
+# -- what the acknowledgements prove, and frame times around holes ---------------------------
+
+
+def test_bytes_acknowledged_before_the_first_captured_byte_are_a_gap(tmp_path):
+    """The capture starts after the client sent a request it never saw: the server's
+    acknowledgements prove it was sent, and the first captured request says how much."""
+    exchanges = [api_versions(1), metadata(2), produce(3, b"z" * 300)]
+    tcp = TcpSession()
+    tcp.handshake()
+    groups = conversation(tcp, exchanges)  # request, response, request, response, ...
+    # Seen: the first answer (acknowledging the first request), then the third exchange.
+    segments = groups[1] + groups[4] + groups[5] + [tcp.fin(True), tcp.fin(False)]
+    rows = run_import(tmp_path, tcp, segments)
+    requests = [r for r in frame_rows(rows) if r["direction"] == "request"]
+    assert [r["client_correlation_id"] for r in requests] == [3]
+    assert requests[0]["reason"] == f"gap_before={len(exchanges[1].request)}"
+    assert rows[0]["reason"] == "midstream"
+
+
+def test_a_direction_never_captured_still_reports_what_was_acknowledged(tmp_path):
+    exchanges = [api_versions(1), metadata(2)]
+    tcp = TcpSession()
+    tcp.handshake()
+    groups = conversation(tcp, exchanges)
+    # Only the answers were captured: the requests are known from the acknowledgements alone.
+    rows = run_import(tmp_path, tcp, groups[1] + groups[3] + [tcp.ack(True)])
+    closed = rows[-1]
+    assert f"request_gap={len(exchanges[1].request)}" in closed["reason"]
+
+
+def test_an_answer_after_a_hole_in_the_answers_has_latency_unknown(tmp_path):
+    """Two requests in flight, the first answer lost by the capture: the second answer's
+    latency is not measured (its first answer might have been in the hole)."""
+    first, second = metadata(1), metadata(2)
+    tcp = TcpSession()
+    head = tcp.handshake()
+    requests = tcp.send(True, first.request, with_ack=True) + tcp.send(True, second.request, with_ack=True)
+    lost = tcp.send(False, first.response, with_ack=True)
+    answer = tcp.send(False, second.response, with_ack=True)
+    rows = run_import(
+        tmp_path, tcp, head + requests + answer + [tcp.ack(True), tcp.fin(True), tcp.fin(False)]
+    )
+    del lost
+    responses = [r for r in frame_rows(rows) if r["direction"] == "response"]
+    assert [(r["client_correlation_id"], r["reason"]) for r in responses] == [
+        (2, f"gap_before={len(first.response)},latency_unknown")
+    ]
+
+
+def test_a_hole_before_the_request_leaves_the_latency_known(tmp_path):
+    exchanges = [metadata(1), metadata(2)]
+    tcp = TcpSession()
+    head = tcp.handshake()
+    groups = conversation(tcp, exchanges)
+    del groups[1]  # the first answer, acknowledged by the second request
+    rows = run_import(tmp_path, tcp, head + flatten(groups) + [tcp.fin(True), tcp.fin(False)])
+    responses = [r for r in frame_rows(rows) if r["direction"] == "response"]
+    assert [(r["client_correlation_id"], r["reason"]) for r in responses] == [
+        (2, f"gap_before={len(exchanges[0].response)}")
+    ]
+
+
+def test_a_frame_held_behind_a_hole_keeps_its_own_packet_time(tmp_path):
+    """The old importer stamped such a frame with the packet that closed the hole (often
+    its own answer's), so its latency read 0 ms."""
+    first, second = metadata(1), metadata(2)
+    tcp = TcpSession()
+    head = tcp.handshake()
+    lost = tcp.send(True, first.request)  # not captured; proven by the server's ack below
+    held = tcp.send(True, second.request)
+    answers = tcp.send(False, first.response, with_ack=True) + tcp.send(False, second.response, with_ack=True)
+    segments = timed(head + held + answers + [tcp.fin(True), tcp.fin(False)], step_ns=1_000_000)
+    del lost
+    source = write_capture(tmp_path / "in.pcap", tcp, segments)
+    import_pcap(source, tmp_path / "out", [9092])
+    rows = frame_rows(read_capture(tmp_path / "out").to_pylist())
+    request = next(r for r in rows if r["direction"] == "request")
+    assert request["client_correlation_id"] == 2
+    assert request["wall_ns"] == segments[3].ts_ns  # the packet that carried it
+    answer = next(r for r in rows if r["direction"] == "response" and r["client_correlation_id"] == 2)
+    assert answer["wall_ns"] - request["wall_ns"] == 2_000_000
