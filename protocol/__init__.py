@@ -15,7 +15,7 @@ from ._api_versions import (
     strip_tagged_fields,
     unsupported_api_versions_response,
 )
-from ._bodies import body_decodes_exactly
+from ._bodies import body_decodes_exactly, decode_body, encode_body
 from ._errors import FrameSizeError, ProtocolError
 from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecoder, frame
 from ._headers import (
@@ -92,6 +92,8 @@ __all__ = [
     "cap_api_versions",
     "client_software",
     "decodable_max_versions",
+    "decode_body",
+    "encode_body",
     "every_request_schema",
     "expects_response",
     "fetch_max_wait_ms",

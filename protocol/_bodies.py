@@ -38,6 +38,29 @@ def decode_exactly(cls: type[ApiMessage], api_version: int, body: BytesLike) -> 
     return message
 
 
+def decode_body(api_key: int, api_version: int, body: BytesLike, *, request: bool) -> ApiMessage:
+    """A request (or response) body decoded exactly; :class:`ProtocolError` if it cannot be."""
+    cls = request_class(api_key) if request else response_class(api_key)
+    if cls is None or not 0 <= api_version <= cls.max_version:
+        kind = "request" if request else "response"
+        raise ProtocolError(f"kafka-python cannot decode {api_name(api_key)} v{api_version} {kind}s")
+    return decode_exactly(cls, api_version, body)
+
+
+def encode_body(message: ApiMessage) -> bytes:
+    """Encode a decoded body again at its own version.
+
+    A decoded message's header slot is unset, and kafka-python 3.0's version setter reads
+    it: ``encode()`` with a version (which some api classes pass themselves, DeleteTopics
+    for one) would raise AttributeError. The slot is set empty first.
+    """
+    try:
+        message._header  # noqa: B018 - set or not?
+    except AttributeError:
+        message._header = None
+    return bytes(message.encode())
+
+
 def body_decodes_exactly(api_key: int, api_version: int, body: BytesLike, *, request: bool) -> bool | None:
     """Whether a request (or response) body decodes to exactly its length.
 

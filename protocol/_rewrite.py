@@ -35,7 +35,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 
 from protocol._api_key import ApiKey
-from protocol._bodies import decode_exactly
+from protocol._bodies import decode_exactly, encode_body
 from protocol._errors import ProtocolError
 from protocol._framing import SIZE_PREFIX, BytesLike
 from protocol._headers import response_body_offset
@@ -147,12 +147,8 @@ def decode_response_body(api_key: int, api_version: int, body: BytesLike) -> Api
 
 
 def encode_response_body(message: ApiMessage) -> bytes:
-    """Encode a decoded body again at its own version.
-
-    ``encode()`` is called without ``version=``: on a decoded message kafka-python 3.0's
-    version setter touches the unset ``_header`` slot and raises AttributeError.
-    """
-    return bytes(message.encode())
+    """Encode a decoded answer again at its own version (:func:`protocol._bodies.encode_body`)."""
+    return encode_body(message)
 
 
 def split_response(frame: BytesLike, api_key: int, api_version: int) -> tuple[bytes, memoryview]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from corrfix.capture import read_capture
+from corrfix.replay._topic_ids import NAMING_ANSWERS
 from protocol import ProtocolError, expects_response, parse_request_header
 
 _COLUMNS = [
@@ -72,6 +73,9 @@ class PlannedConnection:
 @dataclass(slots=True)
 class ReplayPlan:
     connections: list[PlannedConnection]
+    # Captured answers (frame, api key, version) that may pair topic names with topic ids,
+    # from every connection of the capture, replayed or not.
+    naming_answers: list[tuple[bytes, int, int]] = field(default_factory=list)
 
     @property
     def requests(self) -> list[PlannedRequest]:
@@ -91,11 +95,20 @@ def load_plan(path: Path, connections: Collection[str] | None = None) -> ReplayP
     capture_ids = {row["capture_id"] for row in rows}
     by_connection: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     for row in rows:
-        if connections is None or row["connection_id"] in connections:
-            by_connection[(row["capture_id"], row["connection_id"])].append(row)
+        by_connection[(row["capture_id"], row["connection_id"])].append(row)
     planned: list[PlannedConnection] = []
+    naming: list[tuple[bytes, int, int]] = []
     index = 0
     for (capture_id, connection_id), conn_rows in by_connection.items():
+        naming += [
+            (row["frame"], row["api_key"], row["api_version"])
+            for row in conn_rows
+            if row["direction"] == "response"
+            and row["api_key"] in NAMING_ANSWERS
+            and row["frame"] is not None
+        ]
+        if connections is not None and connection_id not in connections:
+            continue
         name = connection_id if len(capture_ids) == 1 else f"{capture_id}/{connection_id}"
         conn = PlannedConnection(name)
         waiting: dict[int, collections.deque[PlannedRequest]] = collections.defaultdict(collections.deque)
@@ -114,7 +127,7 @@ def load_plan(path: Path, connections: Collection[str] | None = None) -> ReplayP
         if conn.requests:
             planned.append(conn)
     planned.sort(key=lambda c: c.requests[0].wall_ns)
-    return ReplayPlan(planned)
+    return ReplayPlan(planned, naming)
 
 
 def _request(index: int, connection_id: str, row: dict) -> PlannedRequest:

@@ -14,6 +14,10 @@ target. Only requests that expect an answer count; acks=0 Produce never holds an
 Everything is bounded: the connect, and each response (``--response-timeout``). A missing
 response ends its connection the way a client's request timeout would: the requests still
 waiting on it count as missing, the ones not yet sent as not sent.
+
+Requests that name topics by id carry the captured cluster's ids; they are rewritten to the
+target's ids before they leave (:mod:`corrfix.replay._topic_ids`), learned from the replayed
+answers, or from a Metadata request of our own when none has named the topic yet.
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ from corrfix.capture import CaptureFormatError
 from corrfix.core import parse_host_port
 from corrfix.replay._plan import PlannedConnection, PlannedRequest, ReplayPlan, load_plan
 from corrfix.replay._report import Outcome, ReplayResult, Status, build_report, render_json, render_text
-from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError, response_correlation_id
+from corrfix.replay._topic_ids import DEFAULT_LOOKUP_VERSION, TopicIdMap, carries_topic_ids, metadata_request
+from protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    ApiKey,
+    FrameDecoder,
+    ProtocolError,
+    response_correlation_id,
+)
 
 DEFAULT_RESPONSE_TIMEOUT = 10.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -108,9 +119,46 @@ class _Run:
         self.outcomes = {r.index: Outcome(r) for r in plan.requests}
         self.strays: list[tuple[str, int]] = []
         self.start = 0.0
+        self.topic_ids = TopicIdMap()
+        metadata_versions = [DEFAULT_LOOKUP_VERSION]
+        for frame, api_key, api_version in plan.naming_answers:
+            self.topic_ids.learn_capture(frame, api_key, api_version)
+        for request in plan.requests:
+            if request.api_key == ApiKey.METADATA and request.api_version is not None:
+                metadata_versions.append(request.api_version)
+        self.topic_ids.lookup_version = max(v for v in metadata_versions if v >= 10)
 
     def now_ns(self) -> int:
         return int(trio.current_time() * 1e9)
+
+    async def frame_for(self, request: PlannedRequest) -> bytes:
+        """The bytes to send: the captured frame, with the target's topic ids where it names topics by id."""
+        if request.api_key is None or not carries_topic_ids(request.api_key, request.api_version or 0):
+            return request.frame
+        if wanted := self.topic_ids.unresolved(request.frame):
+            await self.look_up(wanted)
+        return self.topic_ids.rewrite(request.frame)
+
+    async def look_up(self, names: set[str]) -> None:
+        """Ask the target for these topics' ids with a Metadata request on a connection of our own."""
+        self.topic_ids.asked |= names
+        version = self.topic_ids.lookup_version
+        config = self.config
+        try:
+            with trio.fail_after(config.connect_timeout + config.response_timeout):
+                stream = await trio.open_tcp_stream(config.host, config.port)
+                async with stream:
+                    await stream.send_all(metadata_request(names, 1, version))
+                    decoder = FrameDecoder(config.max_frame_size, peer=config.target)
+                    frames: list[bytearray] = []
+                    while not frames:
+                        data = await stream.receive_some(_RECEIVE_SIZE)
+                        if not data:
+                            return
+                        frames = decoder.feed(data)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ProtocolError):
+            return  # the topics count as missing on the target
+        self.topic_ids.learn_target(bytes(frames[0]), ApiKey.METADATA, version)
 
     async def wait_turn(self, request: PlannedRequest) -> None:
         speed = self.config.speed
@@ -168,11 +216,14 @@ class _ConnectionReplay:
                 if self.stopped:  # given up on while waiting (the wake-up can beat the cancel)
                     return
             first = False
+            frame = await self.run.frame_for(outcome.request)
+            if self.stopped:  # given up on while the target was asked for topic ids
+                return
             # Registered before the send: the answer can arrive while send_all still runs.
             self.unsent.popleft()
             self._expect(outcome)
             try:
-                await stream.send_all(outcome.request.frame)
+                await stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._unexpect(outcome)
                 self.unsent.appendleft(outcome)
@@ -249,6 +300,7 @@ class _ConnectionReplay:
             return
         outcome.response = frame
         outcome.received_ns = self.run.now_ns()
+        self.run.topic_ids.learn_target(frame, outcome.request.api_key, outcome.request.api_version)
         if outcome.request.expects_response:
             self._settle(outcome, Status.ANSWERED)
 
@@ -290,6 +342,7 @@ async def replay(plan: ReplayPlan, config: ReplayConfig) -> ReplayResult:
         stray_responses=run.strays,
         started_ns=int(run.start * 1e9),
         elapsed_s=trio.current_time() - run.start,
+        topic_ids=run.topic_ids.summary(),
     )
 
 

@@ -59,6 +59,7 @@ class ReplayResult:
     stray_responses: list[tuple[str, int]] = field(default_factory=list)  # (connection, correlation id)
     started_ns: int = 0  # the replay's time zero, on the clock of Outcome.sent_ns
     elapsed_s: float = 0.0
+    topic_ids: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # TopicIdMap.summary()
 
 
 def error_codes(frame: bytes | None, api_key: int | None, api_version: int | None) -> dict[str, int] | None:
@@ -192,6 +193,7 @@ def build_report(result: ReplayResult) -> dict[str, Any]:
         "stray_responses": len(result.stray_responses),
         "differences_total": len(diffs),
         "by_api": _by_api(outcomes, diffs),
+        "topic_ids": result.topic_ids or {"remapped": [], "missing_on_target": [], "unknown_in_capture": []},
         "differences": diffs,
     }
 
@@ -245,6 +247,7 @@ def render_text(report: dict[str, Any], max_differences: int = 50) -> str:
             f"  {row['api']:<22} {row['requests']:>8,} {row['answered']:>8,} {row['missing_responses']:>7,} "
             f"{row['error_differences']:>6,}  {captured:>20}  {replayed:>20}"
         )
+    lines += _topic_id_lines(report["topic_ids"])
     diffs = report["differences"]
     lines.append("")
     if not diffs:
@@ -258,6 +261,27 @@ def render_text(report: dict[str, Any], max_differences: int = 50) -> str:
         if len(diffs) > max_differences:
             lines.append(f"  ... and {len(diffs) - max_differences:,} more (--json lists all)")
     return "\n".join(lines)
+
+
+def _topic_id_lines(topic_ids: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Which captured topic ids were sent as the target's, and which could not be."""
+    lines = []
+    for entry in topic_ids.get("remapped", []):
+        lines.append(
+            f"  topic id of {entry['topic']!r} remapped {entry['capture_id']} -> {entry['target_id']} "
+            f"in {entry['requests']:,} requests"
+        )
+    for entry in topic_ids.get("missing_on_target", []):
+        lines.append(
+            f"  topic {entry['topic']!r} is missing on the target: {entry['requests']:,} requests "
+            "sent with the captured id"
+        )
+    for entry in topic_ids.get("unknown_in_capture", []):
+        lines.append(
+            f"  topic id {entry['capture_id']} is named by no answer in the capture: {entry['requests']:,} "
+            "requests sent with it unchanged"
+        )
+    return ["", *lines] if lines else []
 
 
 def _pair(values: dict[str, float | None]) -> str:
