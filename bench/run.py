@@ -1,4 +1,4 @@
-"""Run the corrfix benchmarks (issue #6) and write bench/results/<date>.md and .json.
+"""Run the corrfix benchmarks (issues #15 and #16) and write bench/results/<date>.md and .json.
 
     python bench/run.py                  # everything (about 25 minutes on 2 cores)
     python bench/run.py --skip-lossy     # without recovery's 10-minute run without corrfix

@@ -22,7 +22,7 @@ import functools
 import json
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,13 +146,16 @@ Chain = tuple[str, list[CorrfixProcess]]
 
 
 @contextlib.contextmanager
-def _stack(work: Path, name: str, *, via_corrfix: bool, drop_every: int) -> Iterator[Chain]:
+def _stack(
+    work: Path, name: str, *, via_corrfix: bool, drop_every: int, chaos_faults: Sequence[str] = ()
+) -> Iterator[Chain]:
     """Tansu, optionally the chaos relay in front of it, optionally corrfix in front of that.
 
     Tansu advertises the address clients bootstrap to, so they stay on the chain.
+    ``chaos_faults`` are further ``corrfix chaos`` options, on Produce answers too.
     """
     entry = free_port()
-    chaos_port = free_port() if drop_every else None
+    chaos_port = free_port() if drop_every or chaos_faults else None
     direct = not via_corrfix and chaos_port is None
     broker = TansuBroker(port=entry) if direct else TansuBroker(advertised_port=entry)
     with broker:
@@ -162,7 +165,7 @@ def _stack(work: Path, name: str, *, via_corrfix: bool, drop_every: int) -> Iter
             if chaos_port is not None:
                 listen = chaos_port if via_corrfix else entry
                 chaos_args = ["chaos", "--listen", f"127.0.0.1:{listen}", "--upstream", upstream]
-                chaos_args += ["--drop-every", str(drop_every), "--api", "Produce"]
+                chaos_args += ["--drop-every", str(drop_every), "--api", "Produce", *chaos_faults]
                 processes.append(CorrfixProcess(chaos_args, listen, work / f"{name}-chaos.log").start())
                 upstream = f"127.0.0.1:{listen}"
             if via_corrfix:
@@ -203,10 +206,19 @@ def acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfix
 
 
 def sync_scene(
-    workload: object, work: Path, m: int, label: str, *, drop_every: int, via_corrfix: bool, timeout_ms: int
+    workload: object,
+    work: Path,
+    m: int,
+    label: str,
+    *,
+    drop_every: int,
+    via_corrfix: bool,
+    timeout_ms: int,
+    chaos_faults: Sequence[str] = (),
 ) -> SceneResult:
-    name = f"sync-{'corrfix' if via_corrfix else 'direct'}-{drop_every}"
-    with _stack(work, name, via_corrfix=via_corrfix, drop_every=drop_every) as (bootstrap, processes):
+    name = f"sync-{'corrfix' if via_corrfix else 'direct'}-{drop_every}{'-jitter' if chaos_faults else ''}"
+    chain = _stack(work, name, via_corrfix=via_corrfix, drop_every=drop_every, chaos_faults=chaos_faults)
+    with chain as (bootstrap, processes):
         workload.create_topic(bootstrap, "demo-sync")
         # Without corrfix every lost answer waits out the request timeout (and its retry).
         losses = m // drop_every + 1 if drop_every else 0
