@@ -1,6 +1,7 @@
 """Turn a run's figures into the goals table and the Markdown results file.
 
-The goals are issues #15's (relay, capture, recovery) and #16's (audit); they are measured and reported here, never asserted.
+The goals are issues #15's (relay, capture, recovery) and #16's (audit); they are measured
+and reported here, never asserted.
 """
 
 from __future__ import annotations
