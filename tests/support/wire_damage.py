@@ -18,7 +18,6 @@ It also counts real frames lost after the first imported one, for the tests that
 from __future__ import annotations
 
 import collections
-import dataclasses
 import io
 import random
 import socket
@@ -107,8 +106,7 @@ def cut(
         start = (seg.seq - isn) % SEQ_MOD
         if start <= offset < start + len(seg.payload):
             skip = offset - start
-            tail = dataclasses.replace(
-                seg,
+            tail = seg._replace(
                 seq=(seg.seq + skip) % SEQ_MOD,
                 payload=seg.payload[skip:],
                 length=seg.length - skip,
@@ -142,9 +140,7 @@ def resegment(segments: list[TcpSegment], rnd: random.Random, most: int = 64) ->
             last = pos + size >= len(seg.payload)
             flags = seg.flags if last else seg.flags & ~dpkt.tcp.TH_FIN
             out.append(
-                dataclasses.replace(
-                    seg, seq=(seg.seq + pos) % SEQ_MOD, payload=piece, length=len(piece), flags=flags
-                )
+                seg._replace(seq=(seg.seq + pos) % SEQ_MOD, payload=piece, length=len(piece), flags=flags)
             )
             pos += size
     return out
@@ -176,7 +172,7 @@ def shuffle(segments: list[TcpSegment], rnd: random.Random, kafka_ports: Collect
 def snap(segments: list[TcpSegment], snaplen: int) -> list[TcpSegment]:
     """What ``tcpdump -s SNAPLEN`` keeps of each packet (Ethernet, IPv4, TCP without options)."""
     keep = max(snaplen - _HEADERS, 0)
-    return [dataclasses.replace(seg, payload=seg.payload[:keep]) for seg in segments]
+    return [seg._replace(payload=seg.payload[:keep]) for seg in segments]
 
 
 def write_pcap(path: Path, segments: Iterable[TcpSegment], snaplen: int | None = None) -> Path:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import math
+import struct
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -51,15 +52,33 @@ from corrfix.capture.pcap._wire_frames import (
     ResponseBoundary,
     WireFrame,
 )
-from protocol import DEFAULT_MAX_FRAME_SIZE, ProtocolError, parse_request_header, request_header_end
+from protocol import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, request_header_end
 
 DEFAULT_KAFKA_PORT = 9092
+_FRAME, _CLIENT = RowKind.FRAME.value, "client"
+_FRAME_KEYS = (
+    "connection_id",
+    "seq",
+    "kind",
+    "side",
+    "direction",
+    "wall_ns",
+    "mono_ns",
+    "api_key",
+    "api_version",
+    "client_correlation_id",
+    "frame_length",
+    "frame",
+    "reason",
+)
 MAX_PENDING_REQUESTS = 10_000  # unanswered requests remembered per connection (acks=0 never are)
 MAX_HELD_ANSWERS = 256  # answers held while the requests are searched for
 _BATCH_ROWS = 1024
 _ROTATE_BYTES = 256 * 1024 * 1024
 
 Row = dict[str, Any]
+_REQUEST_HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
+_RESPONSE_ID = struct.Struct(">i")
 Endpoint = tuple[str, int]
 
 
@@ -110,6 +129,8 @@ class CaptureRowWriter:
         self.pcap_name = pcap_name
         self.pcap_sha256 = pcap_sha256
         self.schema = schema_for(capture_id, Source.WIRE)
+        self._fields = [(f.name, f) for f in self.schema]
+        self._keys = set(_FRAME_KEYS)  # the columns the pending rows set
         self.batch_rows = batch_rows
         self.rows = 0
         self._pending: list[Row] = []
@@ -121,8 +142,8 @@ class CaptureRowWriter:
         return list(self._files.files) if self._files is not None else []
 
     def write(self, row: Row) -> None:
-        row["capture_id"] = self.capture_id
-        row["source"] = Source.WIRE.value
+        if row["kind"] != _FRAME:
+            self._keys |= row.keys()  # frame rows always have the same keys
         self._pending.append(row)
         self.rows += 1
         if len(self._pending) >= self.batch_rows:
@@ -144,7 +165,19 @@ class CaptureRowWriter:
                 pcap_name=self.pcap_name,
                 pcap_sha256=self.pcap_sha256,
             )
-        self._files.write(pa.RecordBatch.from_pylist(self._pending, schema=self.schema))
+        pending, schema = self._pending, self.schema
+        # Column by column: RecordBatch.from_pylist costs three times as much (and imports pandas).
+        constant = {"capture_id": self.capture_id, "source": Source.WIRE.value}
+        columns = [
+            pa.array([constant[name]] * len(pending), f.type)
+            if name in constant
+            else pa.array([row.get(name) for row in pending], f.type)
+            if name in self._keys
+            else pa.nulls(len(pending), f.type)
+            for name, f in self._fields
+        ]
+        self._keys = set(_FRAME_KEYS)
+        self._files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
         self._pending = []
 
     def close(self) -> None:
@@ -279,7 +312,8 @@ class WireConnection:
         """The frame's row; None for an answer held until the requests are in sync again."""
         if is_request:
             return self._request_row(frame)
-        correlation_id = _int(frame.data, 4, 8)
+        data = frame.data
+        correlation_id = _RESPONSE_ID.unpack_from(data, SIZE_PREFIX)[0] if len(data) >= 8 else None
         if self.requests.searching and correlation_id not in self._pending:
             self._held_answers.append(frame)
             return None
@@ -296,14 +330,15 @@ class WireConnection:
 
     def _row_of(self, frame: WireFrame, is_request: bool) -> Row:
         tokens = []
-        if frame.gap_before:
-            tokens.append(f"gap_before={frame.gap_before}")
-        if frame.skipped_before:
-            tokens.append(f"skipped_before={frame.skipped_before}")
-        if frame.missing:
-            tokens.append(f"missing={frame.missing}")
-        if not frame.complete:
-            tokens.append("incomplete")
+        if frame.gap_before or frame.skipped_before or frame.missing or not frame.complete:
+            if frame.gap_before:
+                tokens.append(f"gap_before={frame.gap_before}")
+            if frame.skipped_before:
+                tokens.append(f"skipped_before={frame.skipped_before}")
+            if frame.missing:
+                tokens.append(f"missing={frame.missing}")
+            if not frame.complete:
+                tokens.append("incomplete")
         if len(frame.data) < frame.length:
             self.stats["truncated_frames"] += 1
         if is_request:
@@ -312,7 +347,8 @@ class WireConnection:
             self.stats["requests"] += 1
         else:
             api_key = api_version = None
-            correlation_id = _int(frame.data, 4, 8)
+            data = frame.data
+            correlation_id = _RESPONSE_ID.unpack_from(data, SIZE_PREFIX)[0] if len(data) >= 8 else None
             if correlation_id is not None and (match := self._answer(correlation_id)) is not None:
                 api_key, api_version, answers_from = match
                 if frame.hole_end > answers_from:
@@ -323,26 +359,32 @@ class WireConnection:
                 self.stats["unmatched_responses"] += 1
             direction = "response"
             self.stats["responses"] += 1
-        row = self._row(RowKind.FRAME, frame.ts_ns, reason=",".join(tokens) or None)
-        row.update(
-            direction=direction,
-            api_key=api_key,
-            api_version=api_version,
-            client_correlation_id=correlation_id,
-            frame_length=frame.length,
-            frame=frame.data,
-        )
-        return row
+        seq = self._seq
+        self._seq += 1
+        return {
+            "connection_id": self.connection_id,
+            "seq": seq,
+            "kind": _FRAME,
+            "side": _CLIENT,
+            "direction": direction,
+            "wall_ns": frame.ts_ns,
+            "mono_ns": frame.ts_ns,
+            "api_key": api_key,
+            "api_version": api_version,
+            "client_correlation_id": correlation_id,
+            "frame_length": frame.length,
+            "frame": frame.data,
+            "reason": ",".join(tokens) or None,
+        }
 
     def _request_ids(self, data: bytes) -> tuple[int | None, int | None, int | None]:
-        """(api key, version, correlation id) of a request; remembered until its answer."""
+        """(api key, version, correlation id) of a request; remembered until its answer.
+
+        Every request header starts with these three at fixed offsets, whatever its version.
+        """
         if len(data) < 12:
             return None, None, None
-        try:
-            header = parse_request_header(data)
-            api_key, api_version, correlation_id = header.api_key, header.api_version, header.correlation_id
-        except ProtocolError:  # the header itself was cut; its fixed fields are still there
-            api_key, api_version, correlation_id = _int(data, 4, 6), _int(data, 6, 8), _int(data, 8, 12)
+        api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(data, SIZE_PREFIX)
         waiting = (api_key, api_version, self.to_client.position)
         self._pending.setdefault(correlation_id, collections.deque()).append(waiting)
         self._pending.move_to_end(correlation_id)
@@ -398,10 +440,6 @@ class WireConnection:
             "client_address": format_address(*self.client),
             "upstream_address": format_address(*self.server),
         }
-
-
-def _int(data: bytes, start: int, stop: int) -> int:
-    return int.from_bytes(data[start:stop], "big", signed=True)
 
 
 class WireImporter:

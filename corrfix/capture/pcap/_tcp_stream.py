@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _SEQ_MOD = 1 << 32
 _HALF = 1 << 31
 DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Data:
+class Data(NamedTuple):
     """Stream bytes at ``offset``; ``ts_ns`` is when the packet that carried them was captured."""
 
     offset: int
@@ -44,8 +43,7 @@ class Data:
     ts_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class Gap:
+class Gap(NamedTuple):
     """``length`` stream bytes at ``offset`` that the capture does not have."""
 
     offset: int
@@ -117,6 +115,10 @@ class StreamReassembler:
             return out  # pure ACK, keep-alive, or a retransmission of delivered bytes
         if self._end is not None and offset >= self._end:
             return out  # nothing follows a FIN
+        if offset == self._next and not self._held and len(payload) == length:
+            out.append(Data(offset, payload, ts_ns))  # in order and whole: the common case
+            self._next = offset + length
+            return out
         heapq.heappush(self._held, (offset, next(self._order), payload, length, ts_ns))
         self._held_bytes += len(payload)
         out += self._drain(ts_ns)

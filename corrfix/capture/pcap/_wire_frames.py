@@ -31,6 +31,7 @@ import enum
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from corrfix.capture.pcap._tcp_stream import Data, Gap, Piece
 from protocol import (
@@ -60,8 +61,7 @@ class Verdict(enum.Enum):
     NEED_MORE = "need_more"
 
 
-@dataclass(frozen=True, slots=True)
-class WireFrame:
+class WireFrame(NamedTuple):
     """A frame as captured.
 
     ``data`` is the frame from its size prefix up to its first missing byte; ``length`` is
@@ -334,7 +334,32 @@ class FrameSplitter:
 
     def _data(self, offset: int, data: bytes | memoryview, ts_ns: int, out: list[WireFrame]) -> None:
         pos = 0
-        while pos < len(data):
+        end = len(data)
+        sane = self.boundary.sane_size
+        while pos < end:
+            if self._consumed == 0 and pos + SIZE_PREFIX <= end:
+                size = int.from_bytes(data[pos : pos + SIZE_PREFIX], "big", signed=True)
+                stop = pos + SIZE_PREFIX + size
+                if stop <= end and sane(size):  # a whole frame in this piece: no copying into _frame
+                    hole_end = self._hole_end
+                    if self._gap_before or self._skipped_before:
+                        hole_end = self._hole_end = offset + pos
+                    out.append(
+                        WireFrame(
+                            offset + pos,
+                            ts_ns,
+                            bytes(data[pos:stop]),
+                            stop - pos,
+                            0,
+                            self._gap_before,
+                            self._skipped_before,
+                            True,
+                            hole_end,
+                        )
+                    )
+                    self._gap_before = self._skipped_before = 0
+                    pos = stop
+                    continue
             if self._consumed == 0:
                 self._frame_offset = offset + pos
                 self._frame_ts = ts_ns
