@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import pytest
+import structlog
 
 from corrfix.core import LOOPBACK
 from corrfix.lab import TansuBroker
@@ -34,6 +35,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(autouse=True)
+def structlog_configuration(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests that run a command in-process configure structlog for the whole process (a
+    level filter, an output that pytest closes after the test). Loggers must not cache
+    that configuration on first use, or ``capture_logs`` in later tests sees nothing; and
+    the next test gets back the configuration it expects."""
+    saved = structlog.get_config()
+    configure = structlog.configure
+
+    def configure_uncached(**settings: object) -> None:
+        configure(**{**settings, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", configure_uncached)
+    yield
+    structlog.reset_defaults()
+    configure(**saved)
 
 
 @pytest.fixture

@@ -46,13 +46,24 @@ class ReopenableFile:
             self._file.close()
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was set up: a
+    process (or a test run) that replaces stderr keeps getting corrfix's lines."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 _log_file: ReopenableFile | None = None
 
 
 def configure_logging(*, json: bool = False, level: str = "info", file: Path | None = None) -> None:
     """Route corrfix's structlog events to stderr (or ``file``) at ``level``."""
     global _log_file
-    output: ReopenableFile | TextIO = sys.stderr
+    output: ReopenableFile | _Stderr = _Stderr()
     if file is not None:
         _log_file = output = ReopenableFile(file)
     renderer: structlog.typing.Processor
