@@ -41,7 +41,7 @@ from spark_audit.checks import (
     upstream_strays,
     window_start,
 )
-from spark_audit.connections import FACT_COLUMNS, PAIRS_SCHEMA, load_transactions
+from spark_audit.connections import FACT_COLUMNS, PAIRS_SCHEMA, load_facts, load_transactions
 from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
@@ -58,7 +58,12 @@ from spark_audit.report import (
 from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+"""2: ``latency`` always present; ``storms.windows`` and ``storms.rebalances`` rows carry
+``capture_ids``, and storm findings the ``capture_id`` when one capture; an error storm of
+the rebalance category is ``rebalance_error_storm``; ``possible_duplicate`` needs two sends
+acknowledged or unanswered; ``unanswered_at_close`` is info when the close row names lost
+answer bytes."""
 BODY_CHECKS = frozenset({"storms", "offsets", "produce"})
 PAIRS_COLUMNS = PAIRS_SCHEMA.names
 FINDING_SCHEMA = (
@@ -189,12 +194,20 @@ def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict(recursive=True) for row in agg.orderBy("first_wall_ns").collect()]
 
 
-class _AuditRun:
-    """One audit: the transactions, read once and cached, and what each check adds to the
-    report's tables and findings (plain DataFrames: nothing runs until :func:`_collect`)."""
+def _decoded(facts: DataFrame) -> dict[str, Any]:
+    """Facts decoded, by kind (before each Produce answer was merged into its batch)."""
+    counted = facts.filter(F.col("kind") == "fact_count").groupBy("fact").agg(F.sum("rows").alias("count"))
+    return {"facts": {row["fact"]: row["count"] for row in counted.orderBy("fact").collect()}}
 
-    def __init__(self, transactions: DataFrame, options: AuditOptions) -> None:
+
+class _AuditRun:
+    """One audit: the transactions and the facts, each read once and cached, and what each
+    check adds to the report's tables and findings (plain DataFrames: nothing runs until
+    :func:`_collect`)."""
+
+    def __init__(self, transactions: DataFrame, facts: DataFrame | None, options: AuditOptions) -> None:
         self.transactions = transactions
+        self.all_facts = facts
         self.options = options
         self.tables: list[_Table] = []
         self.findings: dict[str, DataFrame] = {}
@@ -209,18 +222,16 @@ class _AuditRun:
 
     @functools.cached_property
     def facts(self) -> DataFrame:
-        return self.transactions.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+        facts = self.all_facts
+        if facts is None:  # no body check ran, yet --tables asks for them: read them now
+            o = self.options
+            facts = load_facts(self.transactions.sparkSession, o.path, o.via)
+        return facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
 
     @functools.cached_property
     def latencies(self) -> tuple[DataFrame, DataFrame]:
         lat = latencies(self.client_pairs)
         return lat, latency_by_api(lat)
-
-    def decode_counts(self) -> None:
-        counted = self.transactions.filter(F.col("kind") == "fact_count")
-        self.tables.append(
-            _Table("decode", counted.groupBy("fact").agg(F.sum("rows").alias("count")), ("fact",))
-        )
 
     def latency_tables(self) -> None:
         lat, by_api = self.latencies
@@ -289,8 +300,10 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
 def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Run the chosen checks over the capture at ``options.path``; the report as a dict.
 
-    Two Spark actions, whatever the capture and the checks: one reads the capture into the
-    cached transactions (and counts it), one collects every report table and finding."""
+    Three Spark actions at most, whatever the capture and the checks: one reads the capture
+    into the cached transactions (and counts it), one decodes the bodies into the cached
+    facts (and counts them; only for the body checks), one collects every report table and
+    finding."""
     started = time.monotonic()
     unknown = sorted(set(options.checks) - set(CHECKS))
     if unknown:
@@ -307,15 +320,18 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         "options": {k: v for k, v in asdict(options).items() if k != "path"},
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
     }
-    transactions = load_transactions(spark, options.path, options.via).persist(StorageLevel.MEMORY_AND_DISK)
+    level = StorageLevel.MEMORY_AND_DISK
+    transactions = load_transactions(spark, options.path, options.via).persist(level)
+    bodies = BODY_CHECKS.intersection(chosen)
+    facts = load_facts(spark, options.path, options.via).persist(level) if bodies else None
     try:
         with progress.step("reading the capture"):
             report["captures"] = _captures(transactions)
+            if facts is not None:
+                report["decode"] = _decoded(facts)
         with progress.step("running the checks"):
-            run = _AuditRun(transactions, options)
+            run = _AuditRun(transactions, facts, options)
             run.latency_tables()
-            if BODY_CHECKS.intersection(chosen):
-                run.decode_counts()
             findings = {check: getattr(run, check)() for check in chosen}
             got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
         if options.tables:
@@ -323,6 +339,8 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
                 write_tables(run, findings, options.tables)
     finally:
         transactions.unpersist()
+        if facts is not None:
+            facts.unpersist()
     _fill(report, got)
     out = _Collector()
     out.add(chosen, got.get("counts", []), got)
@@ -339,8 +357,6 @@ def _fill(report: dict[str, Any], got: dict[str, list[dict[str, Any]]]) -> None:
         "by_api": got.get("latency.by_api", []),
         "by_window": got.get("latency.by_window", []),
     }
-    if "decode" in got or BODY_CHECKS.intersection(report["options"]["checks"]):
-        report["decode"] = {"facts": {r["fact"]: r["count"] for r in got.get("decode", [])}}
     if "storms" in report["options"]["checks"]:
         windows = got.get("storms.windows", [])
         for row in windows:

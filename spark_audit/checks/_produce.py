@@ -2,9 +2,11 @@
 
 - Without a producer id, the broker cannot tell a re-sent batch from a new one. A batch
   (same topic, partition and CRC) sent in two or more Produce requests is
-  ``appended_twice`` when two or more of them were acknowledged (error 0), else
-  ``possible_duplicate`` (an answer was not captured, for example lost on the way back:
-  the broker may still have appended it).
+  ``appended_twice`` when two or more of them were acknowledged (error 0), and
+  ``possible_duplicate`` when fewer were but the acknowledged and the unanswered sends
+  together are two or more (an answer was not captured, for example lost on the way back:
+  the broker may still have appended it). A send answered with an error was not
+  appended, so it counts for neither.
 - With a producer id, the broker de-duplicates by sequence. Per producer id, epoch and
   partition, each batch's base sequence should follow the previous batch's last one
   (wrapping at 2^31): ``sequence_gap`` when it jumps ahead, ``sequence_reused`` when a
@@ -56,11 +58,12 @@ def duplicate_batches(tries: DataFrame) -> DataFrame:
     grouped = plain.groupBy(*_BATCH).agg(
         F.count("*").alias("sends"),
         F.count(F.when(F.col("acknowledged"), 1)).alias("acknowledged"),
+        F.count(F.when(F.col("acknowledged").isNull(), 1)).alias("unanswered"),
         F.min(first).alias("first"),
         F.max("wall_ns").alias("last_wall_ns"),
         F.max("record_count").alias("record_count"),
     )
-    resent = grouped.filter(F.col("sends") > 1)
+    resent = grouped.filter((F.col("sends") > 1) & (F.col("acknowledged") + F.col("unanswered") >= 2))
     return resent.select(
         F.col("first.capture_id").alias("capture_id"),
         F.col("first.connection_id").alias("connection_id"),
@@ -69,6 +72,7 @@ def duplicate_batches(tries: DataFrame) -> DataFrame:
         "record_count",
         "sends",
         "acknowledged",
+        "unanswered",
         "last_wall_ns",
         F.when(F.col("acknowledged") >= 2, "appended_twice").otherwise("possible_duplicate").alias("kind"),
     )

@@ -66,7 +66,10 @@ def leader_changes(facts: DataFrame) -> DataFrame:
 
 def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per window and category: ``errors``, ``leader_changes``, ``connections``,
-    ``error_codes`` (sorted) and ``storm``; only windows with something in them."""
+    ``error_codes`` (sorted), ``capture_ids`` (the captures whose answers carried the errors)
+    and ``storm``; only windows with something in them. Windows are fixed, ``window_s`` long,
+    counted from the Unix epoch (:func:`window_start`): a burst across a boundary counts in
+    two windows."""
     errors = facts.filter(F.col("fact") == "error").withColumn("category", _category())
     errors = errors.filter(F.col("category").isNotNull()).select(
         window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
@@ -75,6 +78,7 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
         F.lit(0).alias("change"),
         F.concat_ws("/", "capture_id", "connection_id").alias("connection"),
         "error_code",
+        "capture_id",
     )
     changes = leader_changes(facts).select(
         window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
@@ -83,6 +87,7 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
         F.lit(1).alias("change"),
         F.lit(None).cast("string").alias("connection"),
         F.lit(None).cast("short").alias("error_code"),
+        F.lit(None).cast("string").alias("capture_id"),
     )
     windows = (
         errors.unionByName(changes)
@@ -92,6 +97,7 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
             F.sum("change").alias("leader_changes"),
             F.count_distinct("connection").alias("connections"),
             F.sort_array(F.collect_set("error_code")).alias("error_codes"),
+            F.sort_array(F.collect_set("capture_id")).alias("capture_ids"),
         )
     )
     return windows.withColumn("storm", (F.col("errors") + F.col("leader_changes")) >= threshold)
@@ -99,8 +105,8 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
 
 def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per consumer group and window: ``joins``, ``syncs``, ``leaves``, ``heartbeats``,
-    ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors`` and
-    ``storm`` (at least ``threshold`` generations in the window)."""
+    ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors``,
+    ``capture_ids`` and ``storm`` (at least ``threshold`` generations in the window)."""
     groups = facts.filter((F.col("fact") == "group") & (F.col("direction") == "request"))
     requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(*_JOIN, "group_id", "wall_ns")
     answers = facts.filter(
@@ -131,5 +137,6 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
         F.sort_array(F.collect_set("generation_id")).alias("generations"),
         F.count_distinct("member_id").alias("members"),
         F.sum("errors").cast("long").alias("rebalance_errors"),
+        F.sort_array(F.collect_set("capture_id")).alias("capture_ids"),
     )
     return out.withColumn("storm", F.size("generations") >= threshold)

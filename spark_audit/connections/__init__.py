@@ -9,13 +9,31 @@ to be: the pairing needs each frame next to its connection in Python, not in the
 from __future__ import annotations
 
 from ._acks import produce_acks
-from ._datasource import TRANSACTIONS_SOURCE, TRANSACTIONS_SPARK_SCHEMA, Connections, TransactionsDataSource
-from ._load import load_transactions, transactions_of
+from ._datasource import (
+    FACTS_SPARK_SCHEMA,
+    TRANSACTIONS_SOURCE,
+    TRANSACTIONS_SPARK_SCHEMA,
+    Connections,
+    TransactionsDataSource,
+)
+from ._load import DRIVER_BYTES_CONF, facts_of, load_facts, load_transactions, transactions_of
 from ._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
-from ._pass import FACT_COLUMNS, HEADER_COLUMNS, TRANSACTIONS_SCHEMA, connection_pass, merge_acks, with_acks
+from ._pass import (
+    FACT_COLUMNS,
+    FACTS_SCHEMA,
+    HEADER_COLUMNS,
+    TRANSACTIONS_SCHEMA,
+    connection_pass,
+    facts_pass,
+    merge_acks,
+    with_acks,
+)
 from ._plan import Assignment, assign, index_files
 
 __all__ = [
+    "DRIVER_BYTES_CONF",
+    "FACTS_SCHEMA",
+    "FACTS_SPARK_SCHEMA",
     "FACT_COLUMNS",
     "HEADER_COLUMNS",
     "INPUT_COLUMNS",
@@ -28,7 +46,10 @@ __all__ = [
     "TransactionsDataSource",
     "assign",
     "connection_pass",
+    "facts_of",
+    "facts_pass",
     "index_files",
+    "load_facts",
     "load_transactions",
     "match",
     "merge_acks",

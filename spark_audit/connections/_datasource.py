@@ -6,7 +6,9 @@ gathers its connections' rows from every file that holds them, reading each file
 memory-mapped up to its last whole batch, and reads Produce acks straight from the mapped
 frame bytes, so no frame is copied. Options: ``path`` (``load(path)``), ``partitions``
 (default 2) and ``min_partition_rows`` (default 200,000: a small capture stays one
-partition, one Python worker).
+partition, one Python worker); ``table``: ``transactions`` (the default) or ``facts``, the
+decoded broker-side bodies of the same connections (two narrow tables cost the JVM less than
+one wide one).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from pyspark.sql.types import StructType
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._pass import (
+    FACTS_SCHEMA,
     HEADER_COLUMNS,
     TRANSACTIONS_SCHEMA,
     broker_frames,
     connection_pass,
     decode_table,
+    facts_pass,
 )
 from spark_audit.connections._plan import assign, connection_keys, index_files
 from spark_audit.decode import FACT_SCHEMA
@@ -36,6 +40,8 @@ from spark_audit.source import list_files, open_file, stream_batches
 
 TRANSACTIONS_SOURCE = "corrfix-transactions"
 TRANSACTIONS_SPARK_SCHEMA: StructType = from_arrow_schema(TRANSACTIONS_SCHEMA)
+FACTS_SPARK_SCHEMA: StructType = from_arrow_schema(FACTS_SCHEMA)
+TABLES = {"transactions": TRANSACTIONS_SPARK_SCHEMA, "facts": FACTS_SPARK_SCHEMA}
 BATCH_ROWS = 65_536
 DEFAULT_MIN_PARTITION_ROWS = 200_000
 
@@ -71,32 +77,47 @@ def _headers(batch: pa.RecordBatch, rows: np.ndarray | None) -> pa.Table:
     return pa.table(columns)
 
 
-def gather(part: Connections) -> tuple[pa.Table, pa.Table]:
-    """Every row of the partition's connections, from every file that holds them, without
-    frames; and the facts of their broker-side bodies, decoded a batch at a time (so only
-    one batch's frames are ever copied)."""
+def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+    """Each batch holding rows of the partition's connections, from every file that holds
+    them, with those rows (None: all of them)."""
     wanted = pa.array(part.connections, pa.string())
-    tables, facts = [], []
     for path in part.files:
         with open_file(path) as source:
             for batch in stream_batches(source, path):
                 mine = pc.is_in(connection_keys(batch), value_set=wanted).to_numpy(zero_copy_only=False)
-                if not mine.any():
-                    continue
-                every = mine.all()
-                tables.append(_headers(batch, None if every else np.flatnonzero(mine)))
-                if "frame" in batch.schema.names:
-                    facts.append(decode_table(broker_frames(batch, None if every else mine)))
-    if not tables:
-        return pa.table({}), FACT_SCHEMA.empty_table()
-    return pa.concat_tables(tables), pa.concat_tables([FACT_SCHEMA.empty_table(), *facts])
+                if mine.all():
+                    yield batch, None
+                elif mine.any():
+                    yield batch, mine
 
 
-def read_connections(part: Connections) -> Iterator[pa.RecordBatch]:
-    """The transactions of one partition, as batches of :data:`TRANSACTIONS_SCHEMA`."""
-    rows, facts = gather(part)
-    if rows.num_rows:
-        yield from connection_pass(rows, facts).to_batches(max_chunksize=BATCH_ROWS)
+def gather(part: Connections) -> pa.Table:
+    """Every row of the partition's connections, without frames, with Produce acks."""
+    tables = [
+        _headers(batch, None if mine is None else np.flatnonzero(mine)) for batch, mine in _batches(part)
+    ]
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def gather_facts(part: Connections) -> pa.Table:
+    """The facts of the broker-side bodies of the partition's connections, decoded a batch
+    at a time (so only one batch's frames are ever copied)."""
+    facts = [
+        decode_table(broker_frames(batch, mine))
+        for batch, mine in _batches(part)
+        if "frame" in batch.schema.names
+    ]
+    return pa.concat_tables([FACT_SCHEMA.empty_table(), *facts])
+
+
+def read_connections(part: Connections, table: str = "transactions") -> Iterator[pa.RecordBatch]:
+    """One partition's ``table`` (transactions or facts), as batches of its schema."""
+    if table == "facts":
+        out = facts_pass(gather_facts(part))
+    else:
+        rows = gather(part)
+        out = connection_pass(rows) if rows.num_rows else TRANSACTIONS_SCHEMA.empty_table()
+    yield from out.to_batches(max_chunksize=BATCH_ROWS)
 
 
 class TransactionsReader(DataSourceReader):
@@ -105,6 +126,7 @@ class TransactionsReader(DataSourceReader):
         if not path:
             raise ValueError(f'{TRANSACTIONS_SOURCE}: give a capture directory: .load("DIR")')
         self.path = path
+        self.table = options.get("table", "transactions")
         self.partition_count = int(options.get("partitions", 2))
         self.min_rows = int(options.get("min_partition_rows", DEFAULT_MIN_PARTITION_ROWS))
 
@@ -117,18 +139,22 @@ class TransactionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Connections)
-        return read_connections(partition)
+        return read_connections(partition, self.table)
 
 
 class TransactionsDataSource(DataSource):
-    """The ``corrfix-transactions`` format (:data:`TRANSACTIONS_SCHEMA`)."""
+    """The ``corrfix-transactions`` format (:data:`TRANSACTIONS_SCHEMA`, or :data:`FACTS_SCHEMA`
+    with ``table=facts``)."""
 
     @classmethod
     def name(cls) -> str:
         return TRANSACTIONS_SOURCE
 
     def schema(self) -> StructType:
-        return TRANSACTIONS_SPARK_SCHEMA
+        table = self.options.get("table", "transactions")
+        if table not in TABLES:
+            raise ValueError(f"{TRANSACTIONS_SOURCE}: table is one of {', '.join(TABLES)}, not {table!r}")
+        return TABLES[table]
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TransactionsReader(dict(self.options))

@@ -4,40 +4,116 @@ DataFrame by one shuffle by connection and the same pass per group."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_audit.connections._datasource import (
+    FACTS_SPARK_SCHEMA,
     TRANSACTIONS_SOURCE,
     TRANSACTIONS_SPARK_SCHEMA,
+    Connections,
     TransactionsDataSource,
+    read_connections,
 )
-from spark_audit.connections._pass import HEADER_COLUMNS, connection_pass
+from spark_audit.connections._pass import (
+    FACTS_SCHEMA,
+    HEADER_COLUMNS,
+    TRANSACTIONS_SCHEMA,
+    broker_frames,
+    connection_pass,
+    decode_table,
+    facts_pass,
+)
+from spark_audit.connections._plan import assign, index_files
 from spark_audit.decode import DECODED_KEYS
-from spark_audit.source import FrameTrim, Via, load_capture, reachable_by_pyarrow
+from spark_audit.source import FrameTrim, Via, is_local, list_files, load_capture, reachable_by_pyarrow
 
 KEY = ["capture_id", "connection_id"]
 BUCKETS = 64
 """Groups the connections are hashed into by the shuffle path: each is one Python call."""
+DRIVER_BYTES = 16 << 20
+"""Local captures up to this size are passed on the driver and handed to Spark as a local
+relation: a session's first Python Data Source use costs seconds, which a demo-sized
+capture should not wait for."""
+DRIVER_BYTES_CONF = "spark.corrfix.audit.driverPassBytes"
+"""The Spark setting that overrides :data:`DRIVER_BYTES` (0: always the Data Source)."""
 BODIES = FrameTrim(api_keys=DECODED_KEYS)
 """The frames the pass reads: acks from Produce requests, facts from the decoded api keys."""
 
 
-def transactions_of(headers: DataFrame) -> DataFrame:
+def _by_connection(rows: DataFrame) -> DataFrame:
+    bucket = F.pmod(F.xxhash64(*KEY), F.lit(BUCKETS)).alias("_bucket")
+    return rows.select("*", bucket)
+
+
+def transactions_of(rows: DataFrame) -> DataFrame:
     """The transactions of capture rows (every row; frames where :data:`BODIES` keeps them):
     one shuffle by connection, then the pass per group of whole connections."""
-    bucket = F.pmod(F.xxhash64(*KEY), F.lit(BUCKETS)).alias("_bucket")
-    keyed = headers.select("*", bucket)
-    return keyed.groupBy("_bucket").applyInArrow(
-        lambda table: connection_pass(table.drop_columns(["_bucket"])), TRANSACTIONS_SPARK_SCHEMA
+    return (
+        _by_connection(rows)
+        .groupBy("_bucket")
+        .applyInArrow(
+            lambda table: connection_pass(table.drop_columns(["_bucket"])), TRANSACTIONS_SPARK_SCHEMA
+        )
     )
+
+
+def facts_of(rows: DataFrame) -> DataFrame:
+    """The facts of the same rows, by the same shuffle."""
+
+    def one_pass(table: pa.Table) -> pa.Table:
+        return facts_pass(decode_table(broker_frames(table)))
+
+    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, FACTS_SPARK_SCHEMA)
+
+
+def _rows(spark: SparkSession, path: str) -> DataFrame:
+    columns = [*HEADER_COLUMNS, "frame_length", "frame"]
+    return load_capture(spark, path, columns, trim=BODIES, via="binaryfile")
+
+
+def _small(spark: SparkSession, path: str) -> bool:
+    """A local capture small enough to pass on the driver (see :data:`DRIVER_BYTES`)."""
+    if not is_local(path):
+        return False
+    limit = int(spark.conf.get(DRIVER_BYTES_CONF, str(DRIVER_BYTES)) or DRIVER_BYTES)
+    return sum(Path(file).stat().st_size for file in list_files(path)) <= limit
+
+
+def _on_driver(spark: SparkSession, path: str, table: str) -> DataFrame:
+    """The same pass, run here on the whole capture as one partition: no Python worker."""
+    [planned] = assign(index_files(list_files(path)), 1) or [None]
+    schema = FACTS_SCHEMA if table == "facts" else TRANSACTIONS_SCHEMA
+    if planned is None:
+        return spark.createDataFrame(schema.empty_table())
+    part = Connections(planned.connections, planned.files)
+    rows = pa.Table.from_batches(list(read_connections(part, table)), schema=schema)
+    return spark.createDataFrame(rows.combine_chunks())  # PySpark 4.3 reads only a table's first chunk
+
+
+def _read(spark: SparkSession, path: str, table: str) -> DataFrame:
+    if _small(spark, path):
+        return _on_driver(spark, path, table)
+    spark.dataSource.register(TransactionsDataSource)
+    partitions = 2 * spark.sparkContext.defaultParallelism
+    reader = spark.read.format(TRANSACTIONS_SOURCE).option("partitions", str(partitions))
+    return reader.option("table", table).load(path)
+
+
+def _by_fallback(path: str, via: Via) -> bool:
+    return via == "binaryfile" or (via == "auto" and not reachable_by_pyarrow(path))
 
 
 def load_transactions(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
     """The transactions of the capture at ``path``."""
-    if via == "binaryfile" or (via == "auto" and not reachable_by_pyarrow(path)):
-        columns = [*HEADER_COLUMNS, "frame_length", "frame"]
-        return transactions_of(load_capture(spark, path, columns, trim=BODIES, via="binaryfile"))
-    spark.dataSource.register(TransactionsDataSource)
-    partitions = 2 * spark.sparkContext.defaultParallelism
-    return spark.read.format(TRANSACTIONS_SOURCE).option("partitions", str(partitions)).load(path)
+    return (
+        transactions_of(_rows(spark, path)) if _by_fallback(path, via) else _read(spark, path, "transactions")
+    )
+
+
+def load_facts(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
+    """The facts of the capture at ``path``: ``kind`` fact and fact_count rows."""
+    return facts_of(_rows(spark, path)) if _by_fallback(path, via) else _read(spark, path, "facts")

@@ -69,19 +69,29 @@ TRANSACTIONS_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("new_upstream_correlation_id", pa.int32()),
         *_STATS,
-        *[f.with_nullable(True) for f in FACT_SCHEMA if f.name not in PAIRS_SCHEMA.names],
-        pa.field("acknowledged", pa.bool_()),
     ]
 )
 """What the pass yields. ``kind`` = ``frame``: a request with its answer, or a stray answer
 (the :data:`PAIRS_SCHEMA` columns, ``side`` says which); ``repair`` and ``close``: the capture's
 row (``seq``, ``wall_ns``, ids, ``event``, ``reason``); ``connection``: ``rows``, ``frames``,
-``repairs``, ``first_wall_ns``, ``last_wall_ns`` of one connection; ``fact``: one fact of a
-broker-side body (:data:`FACT_SCHEMA` columns; a ``produce_batch`` carries its answer as
-``acknowledged``, so no ``produce_ack`` is kept); ``fact_count``: ``rows`` facts of kind
-``fact`` decoded from the connection, before that merge."""
+``repairs``, ``first_wall_ns``, ``last_wall_ns`` of one connection."""
+
+FACTS_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string(), nullable=False),
+        *[f.with_nullable(True) for f in FACT_SCHEMA],
+        pa.field("acknowledged", pa.bool_()),
+        pa.field("rows", pa.int64()),
+    ]
+)
+"""The facts the pass yields, a table of its own (narrow rows cost less in the JVM).
+``kind`` = ``fact``: one fact of a broker-side body (:data:`FACT_SCHEMA` columns; a
+``produce_batch`` carries its answer as ``acknowledged``, so no ``produce_ack`` is kept);
+``fact_count``: ``rows`` facts of kind ``fact`` decoded from the connection, before that
+merge."""
 
 FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
+"""The columns of a ``fact`` row of :data:`FACTS_SCHEMA` the checks read."""
 _CALL = ["capture_id", "connection_id", "correlation_id", "topic", "partition"]
 
 SIDES = (("upstream", "upstream_correlation_id"), ("client", "client_correlation_id"))
@@ -141,17 +151,17 @@ def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
     return pa.table({**columns, "cid": frames.column(id_column), "expects": expects}).select(INPUT_COLUMNS)
 
 
-def _conform(table: pa.Table, **constants: str | None) -> pa.Table:
+def _conform(table: pa.Table, schema: pa.Schema = TRANSACTIONS_SCHEMA, **constants: str | None) -> pa.Table:
     n = table.num_rows
     arrays = []
-    for field in TRANSACTIONS_SCHEMA:
+    for field in schema:
         if field.name in constants:
             arrays.append(pa.array([constants[field.name]] * n, field.type))
         elif field.name in table.column_names:
             arrays.append(table.column(field.name).cast(field.type))
         else:
             arrays.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(arrays, schema=TRANSACTIONS_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _stats(table: pa.Table) -> pa.Table:
@@ -187,23 +197,31 @@ def _stats(table: pa.Table) -> pa.Table:
     return _conform(renamed, kind="connection")
 
 
-def connection_pass(table: pa.Table, facts: pa.Table | None = None) -> pa.Table:
+def connection_pass(table: pa.Table) -> pa.Table:
     """The transactions of ``table``: the rows of whole connections (:data:`HEADER_COLUMNS`
-    plus ``acks`` or ``frame``), any number of them, in any order. ``facts`` are their
-    decoded bodies (:func:`decode_table`), or None to decode them from ``frame`` here."""
+    plus ``acks`` or ``frame``), any number of them, in any order."""
     if table.num_rows == 0:
         return TRANSACTIONS_SCHEMA.empty_table()
-    if facts is None:
-        has_frames = "frame" in table.column_names
-        facts = decode_table(broker_frames(table)) if has_frames else FACT_SCHEMA.empty_table()
     table = with_acks(table).combine_chunks()
     kind = table.column("kind")
     kept = table.filter(pc.is_in(kind, value_set=pa.array(["repair", "close"])))
     parts = [_side(table, side, id_column) for side, id_column in SIDES]
     parts.append(_conform(kept.select([c for c in kept.column_names if c in TRANSACTIONS_SCHEMA.names])))
     parts.append(_stats(table))
-    parts.append(_fact_rows(facts))
     return pa.concat_tables(parts)
+
+
+def facts_pass(facts: pa.Table) -> pa.Table:
+    """The facts of whole connections' bodies (:func:`decode_table`), each Produce batch with
+    its answer, and how many of each kind each connection's bodies gave."""
+    counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
+        [([], "count_all")]
+    )
+    counted = counts.rename_columns({"count_all": "rows"})
+    merged = merge_acks(facts)
+    return pa.concat_tables(
+        [_conform(merged, FACTS_SCHEMA, kind="fact"), _conform(counted, FACTS_SCHEMA, kind="fact_count")]
+    )
 
 
 def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
@@ -270,12 +288,3 @@ def merge_acks(facts: pa.Table) -> pa.Table:
     others = facts.filter(pc.invert(pc.is_in(fact, value_set=pa.array(["produce_batch", "produce_ack"]))))
     others = others.append_column("acknowledged", pa.nulls(others.num_rows, pa.bool_()))
     return pa.concat_tables([others, joined.select(others.column_names)], promote_options="permissive")
-
-
-def _fact_rows(facts: pa.Table) -> pa.Table:
-    """The merged facts, and how many of each kind each connection's bodies gave."""
-    counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
-        [([], "count_all")]
-    )
-    counted = counts.rename_columns({"count_all": "rows"})
-    return pa.concat_tables([_conform(merge_acks(facts), kind="fact"), _conform(counted, kind="fact_count")])

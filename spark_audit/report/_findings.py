@@ -98,12 +98,18 @@ def _client_text(kind: str) -> Column:
     return texts[kind]
 
 
+LOST_ANSWER_BYTES = "(^|,)response_(gap|skipped)="
+"""A wire capture's close row saying answer bytes after the last answer were not captured
+or not framed: the answer owed may be in them, so the bytes prove no fault."""
+
+
 def client_view_findings(violations: DataFrame) -> DataFrame:
     kind = F.col("kind")
     severity = (
         F.when(kind.isin("out_of_order", "answer_missing", "orphan", "duplicate", "acks0_reply"), "error")
         .when(kind == "unanswered_at_capture_end", "info")
         .when((kind == "unanswered_at_close") & F.col("close_reason").startswith("client"), "info")
+        .when((kind == "unanswered_at_close") & F.col("close_reason").rlike(LOST_ANSWER_BYTES), "info")
         .otherwise("warning")
     )
     text = F.lit("")
@@ -145,14 +151,23 @@ def storm_findings(windows: DataFrame, window_s: float) -> DataFrame:
         F.col("leader_changes"),
         F.col("connections"),
     )
+    kind = F.when(F.col("category") == "rebalance", F.lit("rebalance_error_storm")).otherwise(
+        F.concat(F.col("category"), F.lit("_storm"))
+    )
     return _finding(
         storms,
         "storms",
-        F.concat(F.col("category"), F.lit("_storm")),
+        kind,
         F.lit("warning"),
         summary,
+        capture_id=_only_capture(),
         wall_ns=F.col("window_start_ns"),
     )
+
+
+def _only_capture() -> Column:
+    """The capture a storm came from, when it came from one (else null)."""
+    return F.when(F.size("capture_ids") == 1, F.col("capture_ids").getItem(0))
 
 
 def rebalance_findings(groups: DataFrame, window_s: float) -> DataFrame:
@@ -169,7 +184,15 @@ def rebalance_findings(groups: DataFrame, window_s: float) -> DataFrame:
     )
     severity = F.when(F.col("storm"), "warning").otherwise("info")
     kind = F.when(F.col("storm"), F.lit("rebalance_storm")).otherwise(F.lit("rebalance"))
-    return _finding(active, "storms", kind, severity, summary, wall_ns=F.col("window_start_ns"))
+    return _finding(
+        active,
+        "storms",
+        kind,
+        severity,
+        summary,
+        capture_id=_only_capture(),
+        wall_ns=F.col("window_start_ns"),
+    )
 
 
 def leader_change_findings(changes: DataFrame) -> DataFrame:

@@ -56,6 +56,10 @@ def test_duplicate_batches_without_producer_id(spark):
         ack("b", 7, 21),  # re-sent on another connection
         batch("a", 9, 30, 333),
         ack("a", 9, 31),  # sent once
+        batch("a", 11, 40, 444),
+        ack("a", 11, 41),
+        batch("a", 13, 45, 444),
+        ack("a", 13, 46, error_code=6),  # re-sent, the second refused: appended once
     ]
     expected = [
         Row(
@@ -68,6 +72,7 @@ def test_duplicate_batches_without_producer_id(spark):
             record_count=2,
             sends=2,
             acknowledged=2,
+            unanswered=0,
             last_wall_ns=5 * MS,
             kind="appended_twice",
         ),
@@ -81,6 +86,7 @@ def test_duplicate_batches_without_producer_id(spark):
             record_count=2,
             sends=2,
             acknowledged=1,
+            unanswered=1,
             last_wall_ns=20 * MS,
             kind="possible_duplicate",
         ),

@@ -6,7 +6,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks import error_storms, leader_changes, rebalances
-from tests.support.audit_builders import MS, fact, facts_df
+from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
 S = 1000  # ms
 
@@ -47,6 +47,7 @@ def test_error_storms_per_window_and_category(spark):
             leader_changes=1,
             connections=1,
             error_codes=[6],
+            capture_ids=[CAPTURE],
             storm=True,
         ),
         Row(
@@ -56,6 +57,7 @@ def test_error_storms_per_window_and_category(spark):
             leader_changes=0,
             connections=1,
             error_codes=[19],
+            capture_ids=[CAPTURE],
             storm=False,
         ),
     ]
@@ -117,6 +119,7 @@ def test_rebalances_per_group_and_window(spark):
             generations=[1, 2],
             members=2,
             rebalance_errors=1,
+            capture_ids=[CAPTURE],
             storm=True,
         ),
         Row(
@@ -129,6 +132,7 @@ def test_rebalances_per_group_and_window(spark):
             generations=[],
             members=0,
             rebalance_errors=0,
+            capture_ids=[CAPTURE],
             storm=False,
         ),
     ]

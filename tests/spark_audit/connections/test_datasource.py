@@ -13,7 +13,9 @@ from corrfix.capture.format import Source, schema_for
 from spark_audit.connections import (
     TRANSACTIONS_SOURCE,
     TransactionsDataSource,
+    facts_of,
     index_files,
+    load_facts,
     load_transactions,
     transactions_of,
 )
@@ -87,19 +89,23 @@ def test_the_index_counts_every_row_per_file_and_connection(capture, rows):
 
 
 @pytest.mark.parametrize("partitions", [1, 4])
-def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, partitions):
+@pytest.mark.parametrize("table", ["transactions", "facts"])
+def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, partitions, table):
     spark.dataSource.register(TransactionsDataSource)
     df = (
         spark.read.format(TRANSACTIONS_SOURCE)
         .option("partitions", str(partitions))
         .option("min_partition_rows", "1")
+        .option("table", table)
         .load(str(capture))
     )
     assert df.rdd.getNumPartitions() == partitions
-    assertDataFrameEqual(df, transactions_of(capture_df(spark, rows)))
+    by_shuffle = transactions_of if table == "transactions" else facts_of
+    expected = by_shuffle(capture_df(spark, rows))
+    assert expected.count() > len(rows) // 10
+    assertDataFrameEqual(df, expected)
 
 
-def test_the_job_loads_transactions_either_way(spark, capture):
-    assertDataFrameEqual(
-        load_transactions(spark, str(capture)), load_transactions(spark, str(capture), via="binaryfile")
-    )
+@pytest.mark.parametrize("load", [load_transactions, load_facts])
+def test_the_job_loads_either_way(spark, capture, load):
+    assertDataFrameEqual(load(spark, str(capture)), load(spark, str(capture), via="binaryfile"))
