@@ -1,9 +1,10 @@
 """``corrfix proxy --capture-dir``: record both sides of every connection without slowing it.
 
 The relay calls the observer synchronously, so an observer call only copies what a row
-needs and appends it to a bounded in-memory queue. When the queue is full, rows are
-dropped and counted, never waited for. A background thread turns queued rows into Arrow
-record batches and appends them to the capture's files at least every ``flush_seconds``;
+needs and appends it, column by column, to bounded in-memory buffers (:mod:`._columns`).
+When they are full, rows are dropped and counted, never waited for. A background thread
+swaps the buffers out, makes them Arrow record batches without Python code per row, and
+appends those to the capture's files at least every ``flush_seconds``;
 the totals, lost rows included, go to the JSON sidecar (see docs/capture-format.md).
 """
 
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
 import pyarrow as pa
 import structlog
 
 from corrfix import _argtypes as argtypes
+from corrfix.capture._columns import RowChunk, RowColumns, record_batch
 from corrfix.capture._files import CaptureFiles, capture_stem
-from corrfix.capture._recorder import Recorder, Row
-from corrfix.capture._row_queue import RowQueue, frame_size
+from corrfix.capture._recorder import Recorder
 from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
 from corrfix.capture.format import Source, schema_for
 from corrfix.core import Event
@@ -86,11 +88,11 @@ class CaptureWriter:
         stem = capture_stem(self.capture_id, started)
         self.summary_path = directory / f"{stem}{SUMMARY_SUFFIX}"
         self._summary = CaptureSummary(self.capture_id, Source.PROXY.value, started, snaplen=snaplen)
-        self._queue = RowQueue(queue_rows, queue_bytes)
+        self._queue = RowColumns(queue_rows, queue_bytes)
         self._files = CaptureFiles(
             directory, stem, self.schema, rotate_bytes=rotate_bytes, rotate_seconds=rotate_seconds
         )
-        self._recorder = Recorder(self._queue.put, snaplen)
+        self._recorder = Recorder(self._queue, snaplen)
         self._thread = threading.Thread(target=self._run, name="corrfix-capture", daemon=True)
         self._progress = threading.Condition()
         self._processed = 0
@@ -185,9 +187,10 @@ class CaptureWriter:
                 queue.wake.wait(self.flush_seconds)
                 queue.wake.clear()
                 stopping = self._stopping
-                rows = queue.take()
-                if rows:
-                    self._write_rows(rows)
+                chunk = queue.take()
+                if chunk.rows:
+                    self._write_rows(chunk)
+                queue.recycle(chunk)
                 try:
                     if self._reopen:
                         self._reopen = False
@@ -198,7 +201,7 @@ class CaptureWriter:
                 except (OSError, pa.ArrowException) as exc:
                     self._files.abandon_file()
                     self._log_error(exc)
-                self._after_flush(len(rows))
+                self._after_flush(chunk.rows)
                 if stopping:
                     break
         finally:
@@ -212,36 +215,28 @@ class CaptureWriter:
                 self._ended = True
                 self._progress.notify_all()
 
-    def _write_rows(self, rows: list[Row]) -> None:
+    def _write_rows(self, chunk: RowChunk) -> None:
+        try:
+            batch = record_batch(chunk, self.schema, self.capture_id, self._source)
+        except Exception:  # a bug costs these rows, never the capture
+            log.exception("capture rows could not be converted, rows lost", rows=chunk.rows)
+            self._queue.count_lost(chunk.kinds())
+            return
+        sizes = chunk.frame_bytes() if len(chunk.frames) > BATCH_BYTES else None
         start = 0
-        while start < len(rows):
-            stop, size = start, 0
-            while stop < len(rows) and stop - start < BATCH_ROWS and size < BATCH_BYTES:
-                size += frame_size(rows[stop])
-                stop += 1
-            chunk = rows[start:stop]
-            start = stop
+        while start < chunk.rows:
+            stop = min(chunk.rows, start + BATCH_ROWS)
+            if sizes is not None:  # at most BATCH_BYTES of frames per batch, and one row at least
+                within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
+                stop = start + max(1, within)
             try:
-                batch = self._batch(chunk)
-            except Exception:  # a bug costs these rows, never the capture
-                log.exception("capture rows could not be converted, rows lost", rows=len(chunk))
-                self._queue.count_lost(chunk)
-                continue
-            try:
-                self._files.write(batch)
-                self._summary.rows_written += len(chunk)
+                self._files.write(batch.slice(start, stop - start))
+                self._summary.rows_written += stop - start
             except (OSError, pa.ArrowException) as exc:
                 self._files.abandon_file()
-                self._queue.count_lost(chunk)
+                self._queue.count_lost(chunk.kinds(start, stop))
                 self._log_error(exc)
-
-    def _batch(self, rows: list[Row]) -> pa.RecordBatch:
-        n = len(rows)
-        columns = list(zip(*rows, strict=True))
-        arrays = [pa.array([self.capture_id] * n, pa.string()), pa.array([self._source] * n, pa.string())]
-        for column, schema_field in zip(columns, list(self.schema)[2:], strict=True):
-            arrays.append(pa.array(column, schema_field.type))
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+            start = stop
 
     def _after_flush(self, processed: int) -> None:
         summary = self._summary

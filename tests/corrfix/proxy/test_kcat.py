@@ -16,14 +16,15 @@ import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import trio
 
 from corrfix.capture import Recorder
-from corrfix.capture._recorder import EVENT, ROW_FIELDS
+from corrfix.capture._columns import RowColumns, record_batch
+from corrfix.capture.format import Source, schema_for
 from corrfix.core import Address, RepairConfig, RepairKind
 from corrfix.lab import TANSU_NODE_ID, TansuBroker
 from corrfix.lab import workload as clients
@@ -100,30 +101,38 @@ class Stack:
     proxy: Proxy
     bootstrap: str
     metrics: ProxyMetrics
-    rows: list[list[Any]]
+    columns: RowColumns
+    taken: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row recorded so far, by column name."""
+        chunk = self.columns.take()
+        if chunk.rows:
+            self.taken += record_batch(chunk, schema_for("kcat", Source.PROXY), "kcat", "proxy").to_pylist()
+        return self.taken
 
     def compat_repairs(self) -> float:
         value = self.metrics.registry.get_sample_value("corrfix_repairs_total", {"kind": COMPAT})
         return value or 0.0
 
     def event_rows(self, kind: str) -> list[dict[str, Any]]:
-        named = [dict(zip(ROW_FIELDS, row, strict=True)) for row in self.rows]
-        return [row for row in named if row["event"] == kind]
+        return [row for row in self.rows if row["event"] == kind]
 
 
 @asynccontextmanager
 async def corrfix_in_front_of(tansu: TansuBroker, repair: RepairConfig | None = None) -> AsyncIterator[Stack]:
     """kcat -> corrfix -> Tansu, Tansu advertising itself: rewriting keeps kcat on corrfix.
     A capture recorder and the metrics watch, as they do in production."""
-    rows: list[list[Any]] = []
+    columns = RowColumns(max_rows=10_000_000, max_bytes=1 << 30)
     metrics = ProxyMetrics()
     config = ProxyConfig(
         Address("127.0.0.1", 0), Address("127.0.0.1", tansu.port), repair=repair or RepairConfig()
     )
-    proxy = Proxy(config, observer=Recorder(rows.extend, snaplen=0), metrics=metrics)
+    proxy = Proxy(config, observer=Recorder(columns, snaplen=0), metrics=metrics)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(proxy.serve)
-        yield Stack(proxy, f"127.0.0.1:{bound[0].port}", metrics, rows)
+        yield Stack(proxy, f"127.0.0.1:{bound[0].port}", metrics, columns)
         nursery.cancel_scope.cancel()
 
 
@@ -170,7 +179,7 @@ async def test_kcat_lists_produces_and_consumes_through_corrfix(kcat, tansu):
         assert row["api_key"] == ApiKey.API_VERSIONS
         assert row["client_correlation_id"] is not None and row["upstream_correlation_id"] is not None
         assert f"for librdkafka {version}," in row["reason"]
-    assert {row[EVENT] for row in stack.rows if row[EVENT]} <= {COMPAT, "stale_drop", "probe_sent"}
+    assert {row["event"] for row in stack.rows if row["event"]} <= {COMPAT, "stale_drop", "probe_sent"}
 
 
 async def test_without_the_compat_repair_kcat_fails_through_corrfix_too(old_kcat, tansu):
