@@ -122,6 +122,14 @@ def cut(
     raise ValueError(f"no captured byte at offset {offset}")
 
 
+def renumber(segments: list[TcpSegment], kafka_ports: Collection[int], port: int) -> list[TcpSegment]:
+    """The same connection with another client port (to put damaged copies side by side)."""
+    return [
+        seg._replace(sport=port) if from_client(seg, kafka_ports) else seg._replace(dport=port)
+        for seg in segments
+    ]
+
+
 def drop(segments: list[TcpSegment], index: int) -> list[TcpSegment]:
     return segments[:index] + segments[index + 1 :]
 

@@ -100,6 +100,7 @@ class Boundary:
 
     min_size: int = MIN_REQUEST_SIZE
     request: bool = True
+    strong_header: bool = True  # a plausible header is rare by chance (see FrameSplitter._prove)
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
@@ -167,6 +168,7 @@ class ResponseBoundary(Boundary):
 
     min_size = MIN_RESPONSE_SIZE
     request = False
+    strong_header = False
 
     def __init__(
         self,
@@ -522,8 +524,12 @@ class FrameSplitter:
     def _prove(self, view: memoryview, offset: int, final: bool, stream_end: bool) -> Verdict | _Wait:
         """Whether a frame provably starts at ``offset`` of the search buffer.
 
-        A body that cannot be decoded is proven by a plausible header after it, or by ending
-        exactly where the stream ends.
+        A body that cannot be decoded is proven by ending exactly where the stream ends, or
+        by the frame after it: a request by a plausible request header there (api key,
+        version, correlation id, printable client id and tagged fields line up rarely by
+        chance); a response only by the next frame's own exact decode, as a plausible
+        response header (an id that is waiting, a size below the maximum) turns up inside
+        an opaque body all too often.
         """
         length = len(view)
         boundary = self.boundary
@@ -545,14 +551,30 @@ class FrameSplitter:
             if decoded or stream_end:
                 return _PROVEN  # it ends where the captured bytes end
             return Verdict.REJECT if final else _Wait(end + 1)
+        if not decoded and not boundary.strong_header:
+            return self._prove_by_next(view, end, final)
         following = boundary.follows(view[end:], header)
         if following is Verdict.ACCEPT:
             return _PROVEN
         if following is Verdict.NEED_MORE:
-            if final:
-                return _PROVEN if decoded else Verdict.REJECT
-            return _Wait(length + 1)
+            return _PROVEN if final else _Wait(length + 1)
         return Verdict.REJECT
+
+    def _prove_by_next(self, view: memoryview, start: int, final: bool) -> Verdict | _Wait:
+        """Whether a frame whose body kafka-python decodes exactly starts at ``start``."""
+        length = len(view)
+        header = self.boundary.header(view[start:])
+        if header is Verdict.REJECT:
+            return Verdict.REJECT
+        if header is Verdict.NEED_MORE:
+            return Verdict.REJECT if final else _Wait(length + 1)
+        assert isinstance(header, Header)
+        end = start + SIZE_PREFIX + header.size
+        if SIZE_PREFIX + header.size > self.search_limit:
+            return Verdict.REJECT
+        if end > length:
+            return Verdict.REJECT if final else _Wait(end)
+        return _PROVEN if self.boundary.body_decodes(view[start:end], header) else Verdict.REJECT
 
     def _synchronise(self, found: int, out: list[WireFrame]) -> None:
         """Frame from buffer offset ``found`` on: replay the buffered pieces in sync."""
