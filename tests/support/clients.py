@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,10 +36,10 @@ from typing import Any, Protocol
 
 import aiokafka
 import kafka
-import pytest
 
 from corrfix.lab import workload
 from tests.support.kafkajs import KafkaJS
+from tests.support.tools import require_tool
 
 CLIENT_NAMES = ("kafka-python", "confluent-kafka", "kafkajs", "aiokafka", "kcat")
 REQUEST_RECORDS = 10
@@ -341,13 +339,7 @@ def _kcat_errors(run: _KcatRun) -> list[str]:
 
 def require_kcat() -> Kcat:
     """The installed kcat; skips the calling test without one (fails under CORRFIX_REQUIRE_KCAT=1)."""
-    path = next(filter(None, map(shutil.which, KCAT_NAMES)), None)
-    if path is not None:
-        return Kcat(path)
-    problem = "kcat is not installed (apt-get install kcat)"
-    if os.environ.get(REQUIRE_KCAT_ENV) == "1":
-        pytest.fail(f"{problem} ({REQUIRE_KCAT_ENV}=1)", pytrace=False)
-    pytest.skip(f"{problem}; set {REQUIRE_KCAT_ENV}=1 to fail instead")
+    return Kcat(require_tool(KCAT_NAMES, REQUIRE_KCAT_ENV, "apt-get install kcat"))
 
 
 # -- what the broker holds ---------------------------------------------------------------------

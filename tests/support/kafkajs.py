@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import pytest
+from tests.support.tools import unavailable
 
 KAFKAJS_DIR = Path(__file__).with_name("kafkajs")
 SCRIPT = KAFKAJS_DIR / "client.js"
@@ -231,9 +231,7 @@ def require_kafkajs() -> KafkaJS:
     outcome = _install()
     if isinstance(outcome, KafkaJS):
         return outcome
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{outcome} ({REQUIRE_ENV}=1)", pytrace=False)
-    pytest.skip(f"{outcome}; set {REQUIRE_ENV}=1 to fail instead")
+    unavailable(outcome, REQUIRE_ENV)
 
 
 def pinned_version() -> str:

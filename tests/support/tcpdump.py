@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
 import socket
 import struct
@@ -21,19 +20,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.support.tools import require_tool, unavailable
 
 MARKER_PREFIX = b"corrfix-capture-end-"
 """Client id of the marker requests; tests leave their connections out of their checks."""
 START_TIMEOUT = 10.0
 FLUSH_TIMEOUT = 10.0
 _POLL = 0.01
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CORRFIX_REQUIRE_TCPDUMP") == "1":
-        pytest.fail(f"CORRFIX_REQUIRE_TCPDUMP=1 but {reason}")
-    pytest.skip(reason)
+REQUIRE_ENV = "CORRFIX_REQUIRE_TCPDUMP"
 
 
 def require_tcpdump() -> str:
@@ -41,10 +35,7 @@ def require_tcpdump() -> str:
 
     Call it from synchronous code: a skip raised inside a trio test loses its reason.
     """
-    binary = shutil.which("tcpdump")
-    if binary is None:
-        _unavailable("tcpdump is not installed (apt-get install tcpdump)")
-    return binary
+    return require_tool("tcpdump", REQUIRE_ENV, "apt-get install tcpdump")
 
 
 def _wait_listening(proc: subprocess.Popen[bytes]) -> None:
@@ -58,14 +49,15 @@ def _wait_listening(proc: subprocess.Popen[bytes]) -> None:
             if remaining <= 0:
                 proc.kill()
                 proc.wait()
-                _unavailable(
-                    f"tcpdump did not start within {START_TIMEOUT:g} s: {output.decode(errors='replace')}"
-                )
+                started = output.decode(errors="replace")
+                unavailable(f"tcpdump did not start within {START_TIMEOUT:g} s: {started}", REQUIRE_ENV)
             if selector.select(remaining):
                 chunk = os.read(proc.stderr.fileno(), 4096)
                 if not chunk:
                     proc.wait()
-                    _unavailable(f"tcpdump cannot capture here: {output.decode(errors='replace').strip()}")
+                    unavailable(
+                        f"tcpdump cannot capture here: {output.decode(errors='replace').strip()}", REQUIRE_ENV
+                    )
                 output += chunk
 
 

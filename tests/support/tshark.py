@@ -8,15 +8,13 @@ it dissected, per packet, as JSON (several PDUs of one packet are a list).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.support.tools import require_tool
 
 TIMEOUT = 120
 
@@ -41,12 +39,7 @@ class TsharkPdu:
 
 def require_tshark() -> str:
     """The tshark binary; skips (or fails, see above) without one."""
-    path = shutil.which("tshark")
-    if path is None:
-        if os.environ.get("CORRFIX_REQUIRE_TSHARK") == "1":
-            pytest.fail("tshark is not installed, and CORRFIX_REQUIRE_TSHARK=1 requires it")
-        pytest.skip("tshark is not installed (apt-get install tshark); CORRFIX_REQUIRE_TSHARK=1 fails")
-    return path
+    return require_tool("tshark", "CORRFIX_REQUIRE_TSHARK", "apt-get install tshark")
 
 
 def kafka_pdus(pcap: Path, kafka_ports: Collection[int]) -> list[TsharkPdu]:

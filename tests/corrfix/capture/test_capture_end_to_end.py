@@ -8,8 +8,6 @@ tshark tests skip when tshark is missing, unless CORRFIX_REQUIRE_TSHARK=1 (as in
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
@@ -28,6 +26,7 @@ from corrfix.lab import TansuBroker
 from corrfix.lab import workload as clients
 from corrfix.proxy import Proxy, ProxyConfig
 from protocol import ApiKey
+from tests.support.tshark import require_tshark
 from tests.support.watch import Watch
 
 pytestmark = pytest.mark.broker
@@ -217,19 +216,16 @@ def test_dropped_answers_appear_as_skips_and_requeues(lossy):
 # -- tshark ------------------------------------------------------------------------------
 
 
-def tshark() -> str:
-    path = shutil.which("tshark")
-    if path is None:
-        if os.environ.get("CORRFIX_REQUIRE_TSHARK") == "1":
-            pytest.fail("tshark is not installed, and CORRFIX_REQUIRE_TSHARK=1 requires it")
-        pytest.skip(
-            "tshark is not installed (apt-get install tshark); CORRFIX_REQUIRE_TSHARK=1 makes this fail"
-        )
-    return path
-
-
 def tshark_fields(pcapng: Path, *fields: str, display_filter: str = "kafka") -> list[list[str]]:
-    command = [tshark(), "-r", str(pcapng), "-d", f"tcp.port=={BROKER_PORT},kafka", "-Y", display_filter]
+    command = [
+        require_tshark(),
+        "-r",
+        str(pcapng),
+        "-d",
+        f"tcp.port=={BROKER_PORT},kafka",
+        "-Y",
+        display_filter,
+    ]
     command += ["-T", "fields", "-E", "occurrence=f"] + [arg for field in fields for arg in ("-e", field)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -299,7 +295,15 @@ def test_tshark_shows_repairs_as_comments_on_the_resent_requests(lossy, tmp_path
 def test_tshark_finds_no_checksum_or_tcp_sequence_problems(plain, tmp_path):
     out = tmp_path / "check.pcapng"
     export_pcapng(plain.directory, out, broker_port=BROKER_PORT)
-    command = [tshark(), "-r", str(out), "-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"]
+    command = [
+        require_tshark(),
+        "-r",
+        str(out),
+        "-o",
+        "tcp.check_checksum:TRUE",
+        "-o",
+        "ip.check_checksum:TRUE",
+    ]
     command += ["-Y", "tcp.checksum.status == 2 || ip.checksum.status == 2 || tcp.analysis.flags"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -9,9 +9,7 @@ metadata, produces and consumes. The tests are skipped when kcat is not installe
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -31,6 +29,7 @@ from corrfix.lab import workload as clients
 from corrfix.proxy import Proxy, ProxyConfig, ProxyMetrics
 from protocol import ApiKey
 from protocol._api_versions import LIBRDKAFKA_TAG_SKIP_FIXED
+from tests.support.tools import require_tool, unavailable
 
 pytestmark = pytest.mark.broker
 
@@ -66,22 +65,13 @@ class Kcat:
             )
 
 
-def _unavailable(problem: str) -> None:
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{problem} ({REQUIRE_ENV}=1)", pytrace=False)
-    pytest.skip(f"{problem}; set {REQUIRE_ENV}=1 to fail instead")
-
-
 @pytest.fixture(scope="module")
 def kcat() -> Kcat:
-    path = next(filter(None, map(shutil.which, KCAT_NAMES)), None)
-    if path is None:
-        _unavailable("kcat is not installed (apt-get install kcat)")
-    assert path is not None
+    path = require_tool(KCAT_NAMES, REQUIRE_ENV, "apt-get install kcat")
     banner = subprocess.run([path, "-V"], capture_output=True, timeout=10, check=False)
     match = _LIBRDKAFKA.search(banner.stdout + banner.stderr)
     if match is None:
-        _unavailable(f"{path} -V names no librdkafka version")
+        unavailable(f"{path} -V names no librdkafka version", REQUIRE_ENV)
     assert match is not None
     major, minor, patch = (int(part) for part in match.groups())
     return Kcat(path, (major, minor, patch))
