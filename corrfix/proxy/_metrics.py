@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from corrfix.core import Address, RepairKind
+from corrfix.core import RepairKind
 from protocol import api_name
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -85,7 +85,3 @@ class ProxyMetrics:
         """Compute the gauges of live connections at scrape time, not per frame."""
         self.outstanding.set_function(outstanding)
         self.held_bytes.set_function(held_bytes)
-
-    def serve(self, address: Address) -> None:
-        """Serve ``/metrics`` from a daemon thread (prometheus-client's own server)."""
-        start_http_server(address.port, addr=address.host, registry=self.registry)
