@@ -259,7 +259,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
     p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
-    from corrfix.capture._writer import add_capture_arguments
+    from corrfix.capture._options import add_capture_arguments
 
     add_capture_arguments(p)
     add_tls_arguments(p)
@@ -312,7 +312,7 @@ def _node_port(text: str) -> tuple[int, int]:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-    from corrfix.capture._writer import capture_writer_from_args
+    from corrfix.capture._options import capture_writer_from_args
 
     if args.workers > 1:
         from corrfix.proxy._workers import run_workers
@@ -474,7 +474,10 @@ def _run_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; given the ``command`` being run, only its subparser besides the
+    proxy's, so that ``corrfix proxy`` loads none of the other commands' modules (pyarrow,
+    numpy, dpkt, the audit)."""
     parser = argparse.ArgumentParser(
         prog="corrfix",
         description="A Kafka sidecar proxy that owns correlation ids and repairs lost, stray and "
@@ -487,13 +490,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser._proxy_parser = _add_proxy_parser(subparsers)  # type: ignore[attr-defined]
-    _add_check_config_parser(subparsers)
-    _add_chaos_parser(subparsers)
-    _add_capture_parser(subparsers)
-    _add_replay_parser(subparsers)
-    _add_demo_parser(subparsers)
-    _add_audit_parser(subparsers)
+    for name, add in _COMMANDS.items():
+        if command in (None, name):
+            add(subparsers)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs, when it starts with one that :func:`build_parser` knows."""
+    return argv[0] if argv and argv[0] in (*_COMMANDS, "proxy") else None
 
 
 def _add_audit_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -553,8 +558,19 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+_COMMANDS: dict[str, Callable[[argparse._SubParsersAction], object]] = {
+    "check-config": _add_check_config_parser,
+    "chaos": _add_chaos_parser,
+    "capture": _add_capture_parser,
+    "replay": _add_replay_parser,
+    "demo": _add_demo_parser,
+    "audit": _add_audit_parser,
+}
+"""The commands besides ``proxy``, in the order ``--help`` lists them."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if args.command == "proxy":
         args = _with_config_file(parser, args, argv)

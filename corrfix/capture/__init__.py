@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from ._commands import add_capture_commands
     from ._files import CaptureFiles, capture_stem
     from ._info import capture_info, render_info
+    from ._options import add_capture_arguments, capture_writer_from_args
     from ._recorder import Recorder
     from ._summary import SUMMARY_SUFFIX, CaptureSummary, read_summaries, write_summary
-    from ._writer import CaptureWriter, add_capture_arguments, capture_writer_from_args
+    from ._writer import CaptureWriter
     from .format import CaptureFormatError, capture_files, iter_batches, read_capture
 
 _HOMES = {
@@ -36,8 +37,8 @@ _HOMES = {
     "read_summaries": "._summary",
     "write_summary": "._summary",
     "CaptureWriter": "._writer",
-    "add_capture_arguments": "._writer",
-    "capture_writer_from_args": "._writer",
+    "add_capture_arguments": "._options",
+    "capture_writer_from_args": "._options",
 }
 
 __all__ = [

@@ -10,7 +10,6 @@ the totals, lost rows included, go to the JSON sidecar (see docs/capture-format.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 import uuid
@@ -23,9 +22,16 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from corrfix import _argtypes as argtypes
 from corrfix.capture._columns import RowChunk, RowColumns, record_batch
 from corrfix.capture._files import CaptureFiles, capture_stem
+from corrfix.capture._options import (
+    DEFAULT_FLUSH_SECONDS,
+    DEFAULT_QUEUE_BYTES,
+    DEFAULT_QUEUE_ROWS,
+    DEFAULT_ROTATE_BYTES,
+    DEFAULT_ROTATE_SECONDS,
+    DEFAULT_SNAPLEN,
+)
 from corrfix.capture._recorder import Recorder
 from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
 from corrfix.capture.format import Source, schema_for
@@ -33,12 +39,6 @@ from corrfix.core import Event
 
 log = structlog.get_logger("corrfix.capture")
 
-DEFAULT_SNAPLEN = 65536
-DEFAULT_ROTATE_BYTES = 256 * 1024 * 1024
-DEFAULT_ROTATE_SECONDS = 3600.0
-DEFAULT_QUEUE_ROWS = 100_000
-DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
-DEFAULT_FLUSH_SECONDS = 1.0
 BATCH_ROWS = 16_384
 BATCH_BYTES = 16 * 1024 * 1024
 CAPTURE_CLOSED = "capture closed"
@@ -265,71 +265,3 @@ class CaptureWriter:
         if now >= self._error_logged:
             self._error_logged = now + WARNING_INTERVAL
             log.error("capture write failed, rows lost", error=str(exc), directory=str(self.directory))
-
-
-# -- command line ----------------------------------------------------------------------
-
-
-def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--capture-*`` options of ``corrfix proxy``."""
-    group = parser.add_argument_group("capture (Arrow IPC files of both sides; docs/capture-format.md)")
-    group.add_argument("--capture-dir", type=Path, default=None, metavar="DIR", help="capture into DIR")
-    group.add_argument(
-        "--capture-snaplen",
-        type=argtypes.size,
-        default=DEFAULT_SNAPLEN,
-        metavar="BYTES",
-        help=f"bytes kept of each frame, size prefix included; 0 keeps only the Kafka header "
-        f"(default {DEFAULT_SNAPLEN})",
-    )
-    group.add_argument(
-        "--capture-rotate-bytes",
-        type=argtypes.positive_size,
-        default=DEFAULT_ROTATE_BYTES,
-        metavar="BYTES",
-        help="start a new file after this many bytes (default 256M)",
-    )
-    group.add_argument(
-        "--capture-rotate-seconds",
-        type=argtypes.positive,
-        default=DEFAULT_ROTATE_SECONDS,
-        metavar="SECONDS",
-        help=f"start a new file after this long (default {DEFAULT_ROTATE_SECONDS:g})",
-    )
-    group.add_argument(
-        "--capture-queue-rows",
-        type=argtypes.positive_size,
-        default=DEFAULT_QUEUE_ROWS,
-        metavar="N",
-        help=f"rows waiting to be written before further rows are dropped and counted as lost "
-        f"(default {DEFAULT_QUEUE_ROWS})",
-    )
-    group.add_argument(
-        "--capture-queue-bytes",
-        type=argtypes.positive_size,
-        default=DEFAULT_QUEUE_BYTES,
-        metavar="BYTES",
-        help="the same bound in bytes of frame copies (default 64M)",
-    )
-    group.add_argument(
-        "--capture-flush-seconds",
-        type=argtypes.positive,
-        default=DEFAULT_FLUSH_SECONDS,
-        metavar="SECONDS",
-        help=f"longest time before queued rows are written and readable (default {DEFAULT_FLUSH_SECONDS:g})",
-    )
-
-
-def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
-    """The writer the ``--capture-*`` options ask for, not yet started; None without ``--capture-dir``."""
-    if args.capture_dir is None:
-        return None
-    return CaptureWriter(
-        args.capture_dir,
-        snaplen=args.capture_snaplen,
-        rotate_bytes=args.capture_rotate_bytes,
-        rotate_seconds=args.capture_rotate_seconds,
-        queue_rows=args.capture_queue_rows,
-        queue_bytes=args.capture_queue_bytes,
-        flush_seconds=args.capture_flush_seconds,
-    )

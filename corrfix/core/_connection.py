@@ -63,6 +63,43 @@ class ConnectionConfig:
 class ConnectionCore:
     """One client connection and its broker connection, as decisions over bytes and time."""
 
+    __slots__ = (
+        "_busy_until",
+        "_client_decoder",
+        "_client_spoke",
+        "_client_tls",
+        "_events",
+        "_flush_deadline",
+        "_last_activity",
+        "_now",
+        "_partial_since",
+        "_paused_mid_frame",
+        "_record",
+        "_to_client",
+        "_to_upstream",
+        "_upstream_deadline",
+        "_upstream_decoder",
+        "_upstream_eof_sent",
+        "_upstream_known_plaintext",
+        "_upstream_tls",
+        "_watch_at",
+        "_watching",
+        "abandon_client",
+        "aborted",
+        "client_eof",
+        "client_gone",
+        "close_reason",
+        "config",
+        "decided",
+        "draining",
+        "end_client",
+        "end_upstream",
+        "machine",
+        "stop_client",
+        "stop_upstream",
+        "upstream_spoke",
+    )
+
     def __init__(
         self,
         config: ConnectionConfig,

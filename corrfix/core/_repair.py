@@ -171,6 +171,29 @@ class _Probe:
 class RepairMachine:
     """Tracks one client connection's requests upstream and repairs what goes missing."""
 
+    __slots__ = (
+        "_acks0",
+        "_client_order",
+        "_compat_client",
+        "_flow_events",
+        "_held_bytes",
+        "_local_answer",
+        "_next_upstream_id",
+        "_preamble",
+        "_probe_backoff",
+        "_probes_outstanding",
+        "_sasl_handshake",
+        "_sasl_pending",
+        "_sasl_v0",
+        "_send_order",
+        "_sent",
+        "_seq",
+        "_timer",
+        "_transform",
+        "closed",
+        "config",
+    )
+
     def __init__(
         self,
         config: RepairConfig | None = None,

@@ -41,6 +41,33 @@ class ProxyConnection:
     when to stop reading, when to end each stream, when to close) is the core's.
     """
 
+    __slots__ = (
+        "_client_peer",
+        "_client_reader_done",
+        "_client_reader_scope",
+        "_decided",
+        "_drain_requested",
+        "_relay_scope",
+        "_relayed",
+        "_socket",
+        "_state_changed",
+        "_timer_scope",
+        "_upstream_reader_scope",
+        "client",
+        "config",
+        "conn_id",
+        "core",
+        "log",
+        "machine",
+        "metrics",
+        "observer",
+        "sinks",
+        "stats",
+        "to_client",
+        "to_upstream",
+        "upstream",
+    )
+
     def __init__(
         self,
         client: trio.SocketStream,
