@@ -67,6 +67,15 @@ class ProxyConnection:
         "to_upstream",
         "upstream",
     )
+    # Set once the connection gets tasks of its own (:meth:`_relay_in_tasks`).
+    to_client: Outbox
+    to_upstream: Outbox
+    _state_changed: trio.lowlevel.ParkingLot
+    _timer_scope: trio.CancelScope
+    _relay_scope: trio.CancelScope
+    _client_reader_scope: trio.CancelScope
+    _upstream_reader_scope: trio.CancelScope
+    _client_reader_done: trio.Event
 
     def __init__(
         self,
@@ -95,15 +104,9 @@ class ProxyConnection:
             flow_events=metrics is not None or observer is not None,
         )
         self.core: ConnectionCore | None = None  # once both sides are connected
-        self.to_client = Outbox()
-        self.to_upstream = Outbox()
         self._relayed: Relayed | None = None  # in the engine
-        self._state_changed = trio.lowlevel.ParkingLot()
-        self._timer_scope = trio.CancelScope()
-        self._relay_scope = trio.CancelScope()  # the connection's tasks: cancelled to close it
-        self._client_reader_scope = trio.CancelScope()
-        self._upstream_reader_scope = trio.CancelScope()
-        self._client_reader_done = trio.Event()
+        # The connection's own tasks' outboxes, scopes and events are made only when it gets
+        # tasks (TLS, --no-engine): a connection in the engine costs none of them.
         self._drain_requested = False
         self._decided = 0  # the core's decisions carried out so far
         peer = peer_name(client)
@@ -174,6 +177,14 @@ class ProxyConnection:
 
     async def _relay_in_tasks(self, upstream: trio.abc.Stream) -> None:
         """TLS on a side (or the engine switched off): five tasks of the connection's own."""
+        self.to_client = Outbox()
+        self.to_upstream = Outbox()
+        self._state_changed = trio.lowlevel.ParkingLot()
+        self._timer_scope = trio.CancelScope()
+        self._relay_scope = trio.CancelScope()  # the connection's tasks: cancelled to close it
+        self._client_reader_scope = trio.CancelScope()
+        self._upstream_reader_scope = trio.CancelScope()
+        self._client_reader_done = trio.Event()
         self.to_client.attach(self.client)
         self.to_upstream.attach(upstream)
         try:
