@@ -1,0 +1,97 @@
+"""The per-connection pass, without Spark: what it keeps of each side, the rows it passes
+through and the counts, on arbitrary connections (the pairing itself is checked against
+the rules in test_matching)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corrfix.capture.format import CAPTURE_SCHEMA
+from spark_audit.connections import INPUT_COLUMNS, TRANSACTIONS_SCHEMA, connection_pass, match
+from tests.support.audit_builders import ACKS0, ACKS1, CAPTURE
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),  # connection
+        st.sampled_from(["frame", "frame", "frame", "repair", "close"]),
+        st.sampled_from(["client", "upstream"]),
+        st.booleans(),  # request
+        st.integers(0, 3),  # correlation id
+        st.sampled_from([None, ACKS0, ACKS1]),  # a Produce frame (acks 0 or 1), or another api
+    ),
+    max_size=40,
+)
+
+
+def _rows(drawn: list[tuple]) -> pa.Table:
+    rows = []
+    for seq, (conn, kind, side, is_request, cid, frame) in enumerate(drawn):
+        row = dict.fromkeys(CAPTURE_SCHEMA.names)
+        row.update(capture_id=CAPTURE, source="proxy", connection_id=conn, seq=seq, kind=kind)
+        row.update(wall_ns=1000 + seq, mono_ns=seq)
+        if kind == "frame":
+            row.update(side=side, direction="request" if is_request else "response", api_version=9)
+            row.update(api_key=0 if frame is not None else 3, frame=frame if is_request else None)
+            row["client_correlation_id" if side == "client" else "upstream_correlation_id"] = cid
+        elif kind == "repair":
+            row.update(event="stale_drop", upstream_correlation_id=cid)
+        else:
+            row.update(reason="client closed")
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=CAPTURE_SCHEMA)
+
+
+def _side(table: pa.Table, side: str) -> pa.Table:
+    """The reference: :func:`match` on one side's frames, expects from the frame's acks."""
+    id_column = "client_correlation_id" if side == "client" else "upstream_correlation_id"
+    frames = table.filter(
+        pc.fill_null(pc.and_(pc.equal(table["kind"], "frame"), pc.equal(table["side"], side)), False)
+    )
+    expects = [
+        None if d == "response" else f != ACKS0
+        for d, f in zip(frames["direction"].to_pylist(), frames["frame"].to_pylist(), strict=True)
+    ]
+    columns = {c: frames[c] for c in INPUT_COLUMNS if c not in ("cid", "expects")}
+    got = pa.table({**columns, "cid": frames[id_column], "expects": pa.array(expects, pa.bool_())})
+    return match(got.select(INPUT_COLUMNS))
+
+
+def _seqs(table: pa.Table, **where: str) -> list[int]:
+    rows = table.to_pylist()
+    return sorted(r["seq"] for r in rows if all(r[k] == v for k, v in where.items()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(drawn=events)
+def test_the_pass_keeps_what_the_checks_read(drawn):
+    table = _rows(drawn)
+    out = connection_pass(table)
+    assert out.schema == TRANSACTIONS_SCHEMA
+    client = _side(table, "client").to_pylist()
+    assert _seqs(out, kind="frame", side="client") == sorted(r["seq"] for r in client)
+    upstream = [
+        r for r in _side(table, "upstream").to_pylist() if r["direction"] == "response" or r["skipped"]
+    ]
+    assert _seqs(out, kind="frame", side="upstream") == sorted(r["seq"] for r in upstream)
+    by_seq = {r["seq"]: r for r in out.to_pylist() if r["kind"] == "frame"}
+    for want in client + upstream:
+        got = by_seq[want["seq"]]
+        assert {k: got[k] for k in want} == want
+    for kind in ("repair", "close"):
+        assert _seqs(out, kind=kind) == [seq for seq, d in enumerate(drawn) if d[1] == kind]
+    counts = {r["connection_id"]: r for r in out.to_pylist() if r["kind"] == "connection"}
+    for conn in {d[0] for d in drawn}:
+        mine = [(seq, d) for seq, d in enumerate(drawn) if d[0] == conn]
+        assert (counts[conn]["rows"], counts[conn]["frames"], counts[conn]["repairs"]) == (
+            len(mine),
+            sum(d[1] == "frame" for _, d in mine),
+            sum(d[1] == "repair" for _, d in mine),
+        )
+        assert (counts[conn]["first_wall_ns"], counts[conn]["last_wall_ns"]) == (
+            1000 + mine[0][0],
+            1000 + mine[-1][0],
+        )
+    assert set(counts) == {d[0] for d in drawn}
