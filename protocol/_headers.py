@@ -25,6 +25,11 @@ REQUEST_CORRELATION_OFFSET = SIZE_PREFIX + 4
 RESPONSE_CORRELATION_OFFSET = SIZE_PREFIX
 MIN_REQUEST_FRAME = SIZE_PREFIX + 8
 _REQUEST_HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
+_REQUEST_HEAD_V1 = struct.Struct(">hhih")  # and the client id's length (header v1 and v2)
+_HEADER_VERSIONS: dict[tuple[int, int], int | None] = {}
+"""Request header version by (api key, api version), filled as versions are seen: a dict hit
+costs a third of asking the schemas again (a tuple's hash and one lookup)."""
+_MAX_HEADER_VERSIONS = 4096
 MIN_RESPONSE_FRAME = SIZE_PREFIX + 4
 
 
@@ -64,23 +69,25 @@ def response_header_version(api_key: int, api_version: int) -> int:
 def parse_request_header(frame: BytesLike) -> RequestHeader:
     """Parse the header of a request frame (size prefix included)."""
     end = len(frame)
-    if end < MIN_REQUEST_FRAME:
-        raise ProtocolError(f"request frame of {end - SIZE_PREFIX} bytes is shorter than a header")
-    api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(frame, SIZE_PREFIX)
+    if end < 14:  # shorter than a header with a client id: the slow path says what is missing
+        return _parse_short_request_header(frame)
+    api_key, api_version, correlation_id, length = _REQUEST_HEAD_V1.unpack_from(frame, SIZE_PREFIX)
     if api_key < 0 or api_version < 0:
         raise ProtocolError(f"request header has api key {api_key} and version {api_version}")
-    version = request_header_version(api_key, api_version)
+    try:
+        version = _HEADER_VERSIONS[api_key, api_version]
+    except KeyError:
+        version = request_header_version(api_key, api_version)
+        if len(_HEADER_VERSIONS) < _MAX_HEADER_VERSIONS:  # peers choose the keys: bounded
+            _HEADER_VERSIONS[api_key, api_version] = version
     if version == 0:
         return RequestHeader(api_key, api_version, correlation_id, None, 12)
-    if end < 14:
-        raise ProtocolError("request header is truncated before its client id")
-    length = int.from_bytes(frame[12:14], "big", signed=True)
     pos = 14
     client_id = None
     if length >= 0:
         if pos + length > end:
             raise ProtocolError("request header is truncated inside its client id")
-        client_id = bytes(frame[pos : pos + length]).decode("utf-8", "replace")
+        client_id = str(frame[pos : pos + length], "utf-8", "replace")
         pos += length
     elif length != -1:
         raise ProtocolError(f"request header has client id length {length}")
@@ -89,6 +96,18 @@ def parse_request_header(frame: BytesLike) -> RequestHeader:
     elif version is None:
         return RequestHeader(api_key, api_version, correlation_id, client_id, None)
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
+
+
+def _parse_short_request_header(frame: BytesLike) -> RequestHeader:
+    end = len(frame)
+    if end < MIN_REQUEST_FRAME:
+        raise ProtocolError(f"request frame of {end - SIZE_PREFIX} bytes is shorter than a header")
+    api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(frame, SIZE_PREFIX)
+    if api_key < 0 or api_version < 0:
+        raise ProtocolError(f"request header has api key {api_key} and version {api_version}")
+    if request_header_version(api_key, api_version) == 0:
+        return RequestHeader(api_key, api_version, correlation_id, None, 12)
+    raise ProtocolError("request header is truncated before its client id")
 
 
 def response_body_offset(frame: BytesLike, api_key: int, api_version: int) -> int:

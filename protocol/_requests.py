@@ -7,6 +7,7 @@ re-sent or its response is overdue, which is rare.
 
 from __future__ import annotations
 
+import struct
 from functools import cache
 
 from kafka.protocol.api_message import ApiMessage
@@ -29,6 +30,7 @@ from protocol._varint import read_uvarint
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH = ApiKey.PRODUCE, ApiKey.FETCH
+_INT16 = struct.Struct(">h")
 
 
 def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
@@ -49,11 +51,11 @@ def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
     elif version >= PRODUCE_FIRST_TRANSACTIONAL_ID:
         if pos + 2 > end:
             raise ProtocolError("Produce request truncated in transactional_id")
-        length = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+        (length,) = _INT16.unpack_from(frame, pos)
         pos += 2 + max(length, 0)
     if pos + 2 > end:
         raise ProtocolError("Produce request truncated before acks")
-    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+    return _INT16.unpack_from(frame, pos)[0]  # no slice: one unpack off the frame
 
 
 def expects_response(frame: BytesLike, header: RequestHeader) -> bool:
