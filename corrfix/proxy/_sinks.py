@@ -90,23 +90,31 @@ class ConnectionSinks:
     def _consume(self, events: Sequence[Event]) -> None:
         """Metrics and logs from the core's events; requests are counted once per api key and batch."""
         metrics = self.metrics
+        if metrics is None:  # only repairs and notices matter: one type check per event
+            for event in events:
+                if type(event) is Repaired:
+                    self._record(event)
+                elif type(event) is Notice:
+                    self._notice(event)
+            return
         forwarded: dict[int, int] = {}
         for event in events:
             if isinstance(event, Forwarded):
                 forwarded[event.api_key] = forwarded.get(event.api_key, 0) + 1
             elif isinstance(event, Answered):
-                if metrics is not None:
-                    metrics.answer(event.api_key, event.seconds)
+                metrics.answer(event.api_key, event.seconds)
             elif isinstance(event, Repaired):
                 self._record(event)
             elif isinstance(event, Notice):
-                if event.level == "warning":
-                    self.log.warning(event.message, **dict(event.details))
-                else:
-                    self.log.info(event.message, **dict(event.details))
-        if metrics is not None:
-            for api_key, count in forwarded.items():
-                metrics.request(api_key, count)
+                self._notice(event)
+        for api_key, count in forwarded.items():
+            metrics.request(api_key, count)
+
+    def _notice(self, event: Notice) -> None:
+        if event.level == "warning":
+            self.log.warning(event.message, **dict(event.details))
+        else:
+            self.log.info(event.message, **dict(event.details))
 
     def _record(self, event: Repaired) -> None:
         kind = event.kind.value
