@@ -165,10 +165,7 @@ class RowColumns:
         the snap length; None for rows without a frame), and what only some rows have, by
         their index in ``rows``. One lock and one bound check for them all; when they do not
         all fit, the first that fit are queued and the others lost."""
-        size = ROW_OVERHEAD * len(rows)
-        for frame in frames:
-            if frame is not None:
-                size += len(frame)
+        size = ROW_OVERHEAD * len(rows) + sum(map(len, filter(None, frames)))
         dropped = False
         with self._lock:
             if (
