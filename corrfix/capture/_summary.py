@@ -12,10 +12,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from corrfix.capture.format import SCHEMA_VERSION
+from corrfix.capture.format import SCHEMA_VERSION, SUMMARY_FORMAT, SUMMARY_SUFFIX, summary_documents
 
-SUMMARY_SUFFIX = ".capture.json"
-SUMMARY_FORMAT = "corrfix-capture-summary"
+__all__ = ["SUMMARY_FORMAT", "SUMMARY_SUFFIX", "CaptureSummary", "read_summaries", "write_summary"]
 
 
 @dataclass
@@ -30,6 +29,8 @@ class CaptureSummary:
     rows_lost: int = 0
     rows_lost_by_kind: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    connections: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per file name: rows per connection id, as written (the audit plans from it)."""
     schema_version: int = SCHEMA_VERSION
     format: str = SUMMARY_FORMAT
 
@@ -47,14 +48,8 @@ def write_summary(path: Path, summary: CaptureSummary) -> None:
 def read_summaries(path: Path) -> list[CaptureSummary]:
     """Every capture summary in a directory (or next to the file given), oldest name first."""
     directory = path if path.is_dir() else path.parent
-    summaries = []
-    for file in sorted(directory.rglob(f"*{SUMMARY_SUFFIX}")):
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
-            continue
-        known = CaptureSummary.__dataclass_fields__
-        summaries.append(CaptureSummary(**{k: v for k, v in data.items() if k in known}))
-    return summaries
+    known = CaptureSummary.__dataclass_fields__
+    return [
+        CaptureSummary(**{k: v for k, v in data.items() if k in known})
+        for data in summary_documents(directory)
+    ]

@@ -20,6 +20,7 @@ from types import TracebackType
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
 from corrfix.capture._columns import RowChunk, RowColumns, record_batch
@@ -230,13 +231,21 @@ class CaptureWriter:
                 within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
                 stop = start + max(1, within)
             try:
-                self._files.write(batch.slice(start, stop - start))
+                part = batch.slice(start, stop - start)
+                self._files.write(part)
                 self._summary.rows_written += stop - start
+                self._count_connections(part)
             except (OSError, pa.ArrowException) as exc:
                 self._files.abandon_file()
                 self._queue.count_lost(chunk.kinds(start, stop))
                 self._log_error(exc)
             start = stop
+
+    def _count_connections(self, written: pa.RecordBatch) -> None:
+        """Rows per connection in the file just written to, for the summary's index."""
+        counts = self._summary.connections.setdefault(self._files.files[-1].name, {})
+        for entry in pc.value_counts(written.column("connection_id")).to_pylist():
+            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
 
     def _after_flush(self, processed: int) -> None:
         summary = self._summary

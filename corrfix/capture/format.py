@@ -10,9 +10,12 @@ so an audit can follow a request from the client through every re-send to its an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc
@@ -22,6 +25,8 @@ VERSION_KEY = b"corrfix.capture.schema_version"
 SOURCE_KEY = b"corrfix.capture.source"
 CAPTURE_ID_KEY = b"corrfix.capture.id"
 FILE_SUFFIX = ".arrows"
+SUMMARY_SUFFIX = ".capture.json"
+SUMMARY_FORMAT = "corrfix-capture-summary"
 
 
 class RowKind(StrEnum):
@@ -137,3 +142,42 @@ def _check_schema(file: Path, schema: pa.Schema) -> None:
         raise CaptureFormatError(
             f"{file} has capture schema version {int(version)}; this corrfix reads up to {SCHEMA_VERSION}"
         )
+
+
+def summary_documents(directory: Path) -> Iterator[dict[str, Any]]:
+    """Every capture summary under ``directory`` as parsed JSON, oldest name first
+    (unreadable files and other JSON are skipped)."""
+    for file in sorted(directory.rglob(f"*{SUMMARY_SUFFIX}")):
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("format") == SUMMARY_FORMAT:
+            yield data
+
+
+@dataclass(frozen=True)
+class ConnectionIndex:
+    """Rows per connection in each capture file, as a capture's summary records them
+    (``connections``): only for files the capture has finished writing, so that the counts
+    are the files' own."""
+
+    capture_id: str
+    rows: dict[str, dict[str, int]]
+    """File name -> connection id -> rows."""
+
+
+def connection_indexes(directory: Path) -> list[ConnectionIndex]:
+    """The per-file connection counts of every capture summary under ``directory`` (the
+    newest file of a capture still running is left out: it may hold more than the summary
+    says). Summaries without them (older writers, imports) give nothing."""
+    found = []
+    for data in summary_documents(directory):
+        rows = data.get("connections")
+        if not isinstance(rows, dict) or not isinstance(data.get("capture_id"), str):
+            continue
+        files = data.get("files") or []
+        if not data.get("finished") and files:
+            rows = {name: counts for name, counts in rows.items() if name != files[-1]}
+        found.append(ConnectionIndex(data["capture_id"], rows))
+    return found

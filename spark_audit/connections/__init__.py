@@ -28,7 +28,7 @@ from ._pass import (
     merge_acks,
     with_acks,
 )
-from ._plan import Assignment, assign, index_files
+from ._plan import Assignment, assign, index_files, summary_index
 
 __all__ = [
     "DRIVER_BYTES_CONF",
@@ -54,6 +54,7 @@ __all__ = [
     "match",
     "merge_acks",
     "produce_acks",
+    "summary_index",
     "transactions_of",
     "with_acks",
 ]

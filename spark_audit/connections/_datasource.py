@@ -34,7 +34,7 @@ from spark_audit.connections._pass import (
     decode_table,
     facts_pass,
 )
-from spark_audit.connections._plan import assign, connection_keys, index_files
+from spark_audit.connections._plan import assign, connection_keys, index_files, summary_index
 from spark_audit.decode import FACT_SCHEMA
 from spark_audit.source import list_files, open_file, stream_batches
 
@@ -131,7 +131,7 @@ class TransactionsReader(DataSourceReader):
         self.min_rows = int(options.get("min_partition_rows", DEFAULT_MIN_PARTITION_ROWS))
 
     def partitions(self) -> list[InputPartition]:
-        index = index_files(list_files(self.path))
+        index = index_files(list_files(self.path), summary_index(self.path))
         total = sum(sum(counts.values()) for counts in index.values())
         count = max(1, min(self.partition_count, total // max(self.min_rows, 1)))
         planned = [Connections(a.connections, a.files) for a in assign(index, count)]

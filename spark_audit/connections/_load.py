@@ -27,7 +27,7 @@ from spark_audit.connections._pass import (
     decode_table,
     facts_pass,
 )
-from spark_audit.connections._plan import assign, index_files
+from spark_audit.connections._plan import assign, index_files, summary_index
 from spark_audit.decode import DECODED_KEYS
 from spark_audit.source import FrameTrim, Via, is_local, list_files, load_capture, reachable_by_pyarrow
 
@@ -85,7 +85,7 @@ def _small(spark: SparkSession, path: str) -> bool:
 
 def _on_driver(spark: SparkSession, path: str, table: str) -> DataFrame:
     """The same pass, run here on the whole capture as one partition: no Python worker."""
-    [planned] = assign(index_files(list_files(path)), 1) or [None]
+    [planned] = assign(index_files(list_files(path), summary_index(path)), 1) or [None]
     schema = FACTS_SCHEMA if table == "facts" else TRANSACTIONS_SCHEMA
     if planned is None:
         return spark.createDataFrame(schema.empty_table())

@@ -1,7 +1,9 @@
 """Which connections each partition reads: whole connections, balanced by row count.
 
 The plan runs on the driver on every query plan, so it must stay cheap. It starts from a
-per-file index, rows per connection: read from the ``connection_id`` and ``capture_id``
+per-file index, rows per connection: the capture writer records it in the capture's
+summary (``connections``), and for files it does not cover (older captures, imports, a
+file still being written) it is read from the ``connection_id`` and ``capture_id``
 columns of each file, memory-mapped (only those two columns' pages are touched, and only
 up to the file's last whole batch, so a file still being written is safe to read). The
 connections are then dealt out largest first, each to the partition with the fewest rows so
@@ -14,11 +16,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_audit.source import open_file, stream_batches
+from corrfix.capture.format import connection_indexes
+from spark_audit.source import is_local, open_file, stream_batches
 
 SEPARATOR = "\x00"
 """Between capture id and connection id in a connection key (in neither id)."""
@@ -46,8 +50,26 @@ def index_file(path: str) -> dict[str, int]:
     return counts
 
 
-def index_files(files: Iterable[str]) -> FileIndex:
-    return {file: index_file(file) for file in files}
+def summary_index(path: str) -> dict[str, dict[str, int]]:
+    """Rows per connection key of the files the capture summaries under ``path`` index
+    (file name -> counts); empty for remote paths and for summaries without an index."""
+    if not is_local(path):
+        return {}
+    local = Path(path.removeprefix("file://"))
+    directory = local if local.is_dir() else local.parent
+    known: dict[str, dict[str, int]] = {}
+    for index in connection_indexes(directory):
+        for name, counts in index.rows.items():
+            if counts:
+                known[name] = {f"{index.capture_id}{SEPARATOR}{conn}": n for conn, n in counts.items()}
+    return known
+
+
+def index_files(files: Iterable[str], known: dict[str, dict[str, int]] | None = None) -> FileIndex:
+    """Rows per connection key of each file: from ``known`` (:func:`summary_index`) where it
+    has the file, else read from the file itself."""
+    known = known or {}
+    return {file: known.get(Path(file).name) or index_file(file) for file in files}
 
 
 @dataclass(frozen=True)

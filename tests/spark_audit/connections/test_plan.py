@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_audit.connections import assign
+from corrfix.capture import CaptureWriter
+from spark_audit.connections import assign, index_files, summary_index
+from spark_audit.source import list_files
 
 indexes = st.dictionaries(
     st.sampled_from(["f1", "f2", "f3"]),
@@ -32,3 +37,29 @@ def test_every_connection_lands_whole_in_one_partition_with_its_files(index, par
 
 def test_an_empty_index_plans_nothing():
     assert assign({}, 4) == []
+
+
+def test_the_writers_summary_indexes_each_file_as_the_files_hold_it(tmp_path):
+    with CaptureWriter(tmp_path, rotate_bytes=1) as writer:  # one file per write
+        for round_ in range(3):
+            for n in range(4 if round_ else 2):
+                writer.connection_opened(f"c{round_}-{n}", "127.0.0.1:1", "127.0.0.1:2")
+                writer.connection_closed(f"c{round_}-{n}", "client closed")
+            writer.flush()
+    files = list_files(str(tmp_path))
+    known = summary_index(str(tmp_path))
+    assert len(files) == 3 and sorted(known) == sorted(Path(f).name for f in files)
+    assert index_files(files, known) == index_files(files)
+    assert sum(sum(counts.values()) for counts in known.values()) == 2 * (2 + 4 + 4)
+
+
+def test_files_the_summary_does_not_index_are_read(tmp_path):
+    with CaptureWriter(tmp_path) as writer:
+        writer.connection_opened("c1", "127.0.0.1:1", "127.0.0.1:2")
+    [file] = list_files(str(tmp_path))
+    copy = tmp_path / Path(file).name.replace(".arrows", "-copy.arrows")
+    shutil.copy(file, copy)
+    assert sorted(summary_index(str(tmp_path))) == [Path(file).name]
+    assert (
+        index_files([file, str(copy)], summary_index(str(tmp_path)))[str(copy)] == index_files([file])[file]
+    )
