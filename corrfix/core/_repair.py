@@ -13,7 +13,6 @@ and carries out the returned :class:`Actions`.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -212,9 +211,11 @@ class RepairMachine:
         self._seq = 0
         # Sends that expect an answer, by upstream id and in send order.
         self._sent: dict[int, _Request | _Probe] = {}
-        self._send_order: deque[_Request | _Probe] = deque()
+        # Lists, not deques: an empty deque takes 0.76 KiB (one block allocated up front), an
+        # empty list 56 bytes, and pop(0) of the few outstanding requests is as quick.
+        self._send_order: list[_Request | _Probe] = []
         # Client requests not yet answered to the client, in the client's order.
-        self._client_order: deque[_Request] = deque()
+        self._client_order: list[_Request] = []
         # acks=0 Produce sends: upstream id -> send sequence. A reply to one is stray, but
         # proves every older send's answer was lost.
         self._acks0: dict[int, int] = {}
@@ -470,7 +471,7 @@ class RepairMachine:
         found_loss = 0 if order[0] is entry else self._skip_before(entry.seq, now, actions, "later response")
         if self.closed is not None:
             return
-        popped = order.popleft()
+        popped = order.pop(0)
         assert popped is entry
         del self._sent[upstream_id]
         if self._acks0:
@@ -515,7 +516,7 @@ class RepairMachine:
         order = self._send_order
         skipped = 0
         while order and order[0].seq < seq and self.closed is None:
-            lost = order.popleft()
+            lost = order.pop(0)
             del self._sent[lost.upstream_id]
             if isinstance(lost, _Probe):
                 # Counted too, so that every answer the link lost is accounted for; a probe
@@ -589,7 +590,7 @@ class RepairMachine:
     def _deliver_ready(self, actions: Actions) -> None:
         order = self._client_order
         while order and order[0].response is not None:
-            request = order.popleft()
+            request = order.pop(0)
             response = request.response
             assert response is not None
             self._held_bytes -= len(response)
