@@ -63,7 +63,8 @@ REPORT_VERSION = 2
 ``capture_ids``, and storm findings the ``capture_id`` when one capture; an error storm of
 the rebalance category is ``rebalance_error_storm``; ``possible_duplicate`` needs two sends
 acknowledged or unanswered; ``unanswered_at_close`` is info when the close row names lost
-answer bytes."""
+answer bytes; on wire captures a client-view finding that a capture gap explains is
+``capture_gap`` (info)."""
 BODY_CHECKS = frozenset({"storms", "offsets", "produce"})
 PAIRS_COLUMNS = PAIRS_SCHEMA.names
 FINDING_SCHEMA = (

@@ -11,6 +11,11 @@ Kinds, one row each:
   when its connection closed, or when the capture ended (not a fault in itself);
 - ``id_not_increasing``: a client correlation id not above the previous one, unless it
   wrapped (dropped by at least 2^30: clients wrap at 2^31, Java's a little before).
+
+On wire captures, ``capture_gap`` names the capture gap next to an ``out_of_order``,
+``answer_missing`` or ``orphan`` finding that explains it (see
+:func:`spark_audit.connections.capture_gaps`); the report makes those ``capture_gap``
+findings at info level.
 """
 
 from __future__ import annotations
@@ -24,7 +29,16 @@ WRAP_DROP = 1 << 30
 END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")
 """Close reasons that mean the capture stopped, not the connection (proxy, wire)."""
 
-COLUMNS = ["seq", "wall_ns", "kind", "api_key", "correlation_id", "related_correlation_id", "close_reason"]
+COLUMNS = [
+    "seq",
+    "wall_ns",
+    "kind",
+    "api_key",
+    "correlation_id",
+    "related_correlation_id",
+    "close_reason",
+    "capture_gap",
+]
 
 
 def client_pairs(transactions: DataFrame) -> DataFrame:
@@ -52,6 +66,7 @@ def order_violations(pairs: DataFrame) -> DataFrame:
         correlation_id=F.col("cid"),
         related_correlation_id=F.col("overtaken_cid"),
         close_reason=F.lit(None).cast("string"),
+        capture_gap=F.col("capture_gap"),
     )
 
 
@@ -72,6 +87,7 @@ def stray_answers(pairs: DataFrame) -> DataFrame:
         correlation_id=F.col("cid"),
         related_correlation_id=_null_int(),
         close_reason=F.lit(None).cast("string"),
+        capture_gap=F.when(F.col("kind") == "orphan", F.col("capture_gap")),
     )
 
 
@@ -96,6 +112,7 @@ def unanswered(transactions: DataFrame, pairs: DataFrame) -> DataFrame:
         correlation_id=F.col("cid"),
         related_correlation_id=_null_int(),
         close_reason=F.col("close_reason"),
+        capture_gap=F.lit(None).cast("string"),
     )
 
 
@@ -114,6 +131,7 @@ def id_order(pairs: DataFrame) -> DataFrame:
         correlation_id=F.col("cid"),
         related_correlation_id=F.col("previous_request_cid"),
         close_reason=F.lit(None).cast("string"),
+        capture_gap=F.lit(None).cast("string"),
     )
 
 

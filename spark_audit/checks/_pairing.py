@@ -29,9 +29,10 @@ _REQUEST_ONLY = [
 
 
 def side_pairs(transactions: DataFrame, side: str) -> DataFrame:
-    """The pairs of one side (``client`` or ``upstream``): :data:`PAIRS_SCHEMA` columns."""
+    """The pairs of one side (``client`` or ``upstream``): :data:`PAIRS_SCHEMA` columns, and
+    ``capture_gap`` (wire captures: the capture gap that explains the pair, if one does)."""
     pairs = transactions.filter((F.col("kind") == "frame") & (F.col("side") == side))
-    return pairs.select(*[field.name for field in PAIRS_SCHEMA])
+    return pairs.select(*[field.name for field in PAIRS_SCHEMA], "capture_gap")
 
 
 def requests(pairs: DataFrame) -> DataFrame:

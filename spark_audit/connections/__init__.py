@@ -45,6 +45,7 @@ __all__ = [
     "Connections",
     "TransactionsDataSource",
     "assign",
+    "capture_gaps",
     "connection_pass",
     "facts_of",
     "facts_pass",

@@ -69,12 +69,15 @@ TRANSACTIONS_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("new_upstream_correlation_id", pa.int32()),
         *_STATS,
+        pa.field("capture_gap", pa.string()),
     ]
 )
 """What the pass yields. ``kind`` = ``frame``: a request with its answer, or a stray answer
 (the :data:`PAIRS_SCHEMA` columns, ``side`` says which); ``repair`` and ``close``: the capture's
 row (``seq``, ``wall_ns``, ids, ``event``, ``reason``); ``connection``: ``rows``, ``frames``,
-``repairs``, ``first_wall_ns``, ``last_wall_ns`` of one connection."""
+``repairs``, ``first_wall_ns``, ``last_wall_ns`` of one connection. ``capture_gap``, on
+wire captures only: the capture gap that explains an overtaken request or an answer to
+no request (:func:`capture_gaps`)."""
 
 FACTS_SCHEMA = pa.schema(
     [
@@ -135,8 +138,86 @@ def _side(table: pa.Table, side: str, id_column: str) -> pa.Table:
         if side == "upstream":  # only what the upstream check reads: overtaken sends, strays
             strays = pc.equal(pairs.column("direction"), "response")
             pairs = pairs.filter(pc.fill_null(pc.or_kleene(strays, pairs.column("skipped")), False))
+        if source == "wire":
+            pairs = pairs.append_column("capture_gap", capture_gaps(table, pairs))
         parts.append(_conform(pairs, side=side, kind="frame", source=source))
     return pa.concat_tables(parts)
+
+
+GAP = r"(^|,)(gap_before|skipped_before|missing)=\d+"
+"""Frame reasons by which a wire capture says bytes of that direction were lost before or
+in the frame (docs/capture-format.md, wire captures)."""
+
+
+def _keys(table: pa.Table) -> pa.Array:
+    key = pc.binary_join_element_wise(table.column("capture_id"), table.column("connection_id"), "\x00")
+    return key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key
+
+
+def _codes(table: pa.Table, known: pa.Array) -> np.ndarray:
+    """Each row's connection as its index in ``known`` (-1 if not there)."""
+    return pc.fill_null(pc.index_in(_keys(table), value_set=known), -1).to_numpy().astype(np.int64)
+
+
+def _marks(table: pa.Table, direction: str, known: pa.Array) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Where the capture lost bytes of ``direction``: per connection (codes into ``known``),
+    in seq order, with the reason that says so."""
+    chosen = pc.and_(
+        pc.and_(pc.equal(table.column("kind"), "frame"), pc.equal(table.column("direction"), direction)),
+        pc.match_substring_regex(table.column("reason"), GAP),
+    )
+    rows = table.filter(pc.fill_null(chosen, False))
+    codes, seqs = _codes(rows, known), rows.column("seq").to_numpy()
+    order = np.lexsort((seqs, codes))
+    reasons = rows.column("reason").to_pylist()
+    return codes[order], seqs[order], [f"{reasons[i]} before seq {seqs[i]}" for i in order]
+
+
+def capture_gaps(table: pa.Table, pairs: pa.Table) -> pa.Array:
+    """For each pair of a wire capture, the capture gap that explains it, if one does
+    (null otherwise):
+
+    - an overtaken request, when answer bytes were lost after it and up to the answer that
+      overtook it (its own answer may be in them);
+    - an answer to no request, when request bytes were lost before it, or the capture
+      started in the middle of the connection (its request may be in them)."""
+    n = pairs.num_rows
+    out: list[str | None] = [None] * n
+    if n == 0:
+        return pa.array(out, pa.string())
+    known = pc.unique(_keys(pairs))
+    keys = _codes(pairs, known)
+    seq = pairs.column("seq").to_numpy()
+    skipped = pc.fill_null(pairs.column("skipped"), False).to_numpy(zero_copy_only=False)
+    overtaken = pc.fill_null(pairs.column("overtaken_seq"), -1).to_numpy()
+    orphan = pc.and_(pc.equal(pairs.column("direction"), "response"), pc.is_null(pairs.column("request_seq")))
+    orphan = pc.fill_null(orphan, False).to_numpy(zero_copy_only=False)
+    opens = table.filter(pc.fill_null(pc.equal(table.column("kind"), "open"), False))
+    midstream = {
+        code
+        for code, reason in zip(
+            _codes(opens, known).tolist(), opens.column("reason").to_pylist(), strict=True
+        )
+        if reason and "midstream" in reason.split(",")
+    }
+    answer_keys, answer_seqs, answer_why = _marks(table, "response", known)
+    ask_keys, ask_seqs, ask_why = _marks(table, "request", known)
+    for i in np.flatnonzero(skipped | orphan):
+        if skipped[i]:  # the first answer gap in (seq, overtaken seq]
+            lo = np.searchsorted(answer_keys, keys[i], "left")
+            hi = np.searchsorted(answer_keys, keys[i], "right")
+            at = lo + np.searchsorted(answer_seqs[lo:hi], seq[i], "right")
+            if at < hi and answer_seqs[at] <= overtaken[i]:
+                out[i] = f"answer bytes lost: {answer_why[at]}"
+        else:  # the last request gap before this answer
+            lo = np.searchsorted(ask_keys, keys[i], "left")
+            hi = np.searchsorted(ask_keys, keys[i], "right")
+            at = lo + np.searchsorted(ask_seqs[lo:hi], seq[i], "left") - 1
+            if at >= lo:
+                out[i] = f"request bytes lost: {ask_why[at]}"
+            elif keys[i] in midstream:
+                out[i] = "the capture started in the middle of the connection"
+    return pa.array(out, pa.string())
 
 
 def _match_input(frames: pa.Table, id_column: str) -> pa.Table:

@@ -105,8 +105,10 @@ or not framed: the answer owed may be in them, so the bytes prove no fault."""
 
 def client_view_findings(violations: DataFrame) -> DataFrame:
     kind = F.col("kind")
+    gap = F.col("capture_gap").isNotNull()
     severity = (
-        F.when(kind.isin("out_of_order", "answer_missing", "orphan", "duplicate", "acks0_reply"), "error")
+        F.when(gap, "info")
+        .when(kind.isin("out_of_order", "answer_missing", "orphan", "duplicate", "acks0_reply"), "error")
         .when(kind == "unanswered_at_capture_end", "info")
         .when((kind == "unanswered_at_close") & F.col("close_reason").startswith("client"), "info")
         .when((kind == "unanswered_at_close") & F.col("close_reason").rlike(LOST_ANSWER_BYTES), "info")
@@ -125,9 +127,12 @@ def client_view_findings(violations: DataFrame) -> DataFrame:
     ):
         text = F.when(kind == name, _client_text(name)).otherwise(text)
     summary = F.concat(
-        F.format_string("%s id %d: ", api_name_column(F.col("api_key")), F.col("correlation_id")), text
+        F.format_string("%s id %d: ", api_name_column(F.col("api_key")), F.col("correlation_id")),
+        text,
+        F.when(gap, F.concat(F.lit("; a capture gap, not a fault: "), F.col("capture_gap"))).otherwise(""),
     )
-    return _finding(violations, "client_view", kind, severity, summary)
+    shown = F.when(gap, F.lit("capture_gap")).otherwise(kind)
+    return _finding(violations, "client_view", shown, severity, summary)
 
 
 def slow_findings(slow: DataFrame) -> DataFrame:
