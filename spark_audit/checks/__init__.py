@@ -2,10 +2,11 @@
 module named after the check (``_upstream_ordering``, ``_client_view``, ``_latency``,
 ``_storms``, ``_offsets``, ``_produce``).
 
-The header checks take capture headers (:func:`spark_audit.source.load_headers`) and share
-the pairing of requests with their answers (``_pairing``); the body checks take decoded
-facts (:func:`spark_audit.decode.decode_facts`). They return result DataFrames; turning
-those into report findings is :mod:`spark_audit.report`'s job.
+The checks read the capture's transactions and facts (:mod:`spark_audit.connections`:
+whole connections, paired and decoded in one Python pass before the JVM): the first three
+take one side's pairs (``_pairing``) and the repair and close rows, the last three the
+facts. They return result DataFrames; turning those into report findings is
+:mod:`spark_audit.report`'s job.
 """
 
 from __future__ import annotations
