@@ -19,9 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
-
-from kafka.protocol.api_message import ApiMessage
+from typing import TYPE_CHECKING, Any
 
 from protocol._api_key import ApiKey
 from protocol._encoding import encode_response
@@ -37,6 +35,9 @@ from protocol._rewrite import (
 )
 from protocol._schemas import api_schemas, request_class, response_class
 from protocol._varint import read_uvarint
+
+if TYPE_CHECKING:  # kafka-python loads only when an ApiVersions body is decoded or made
+    from kafka.protocol.api_message import ApiMessage
 
 NO_ERROR = 0
 UNSUPPORTED_VERSION = 35

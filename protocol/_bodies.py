@@ -10,12 +10,15 @@ it to tell a real frame from bytes that merely look like a header.
 
 from __future__ import annotations
 
-from kafka.protocol.api_message import ApiMessage
+from typing import TYPE_CHECKING
 
 from protocol._api_key import ApiKey
 from protocol._errors import ProtocolError
 from protocol._framing import BytesLike
 from protocol._schemas import api_name, request_class, response_class
+
+if TYPE_CHECKING:  # kafka-python loads only when a body is decoded or encoded
+    from kafka.protocol.api_message import ApiMessage
 
 _API_VERSIONS = ApiKey.API_VERSIONS
 

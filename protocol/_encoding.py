@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kafka.protocol.api_message import ApiMessage
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # kafka-python loads only when a body is encoded
+    from kafka.protocol.api_message import ApiMessage
 
 
 def encode_response(message: ApiMessage, correlation_id: int) -> bytes:

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import struct
 from functools import cache
-
-from kafka.protocol.api_message import ApiMessage
-from kafka.protocol.schemas import BaseField
-from kafka.record.default_records import DefaultRecordBatch
+from typing import TYPE_CHECKING
 
 from protocol._api_key import ApiKey
 from protocol._errors import ProtocolError
@@ -27,6 +24,9 @@ from protocol._produce_layout import (
 )
 from protocol._schemas import request_class
 from protocol._varint import read_uvarint
+
+if TYPE_CHECKING:  # kafka-python loads only when a body is decoded or a schema read
+    from kafka.protocol.api_message import ApiMessage
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH = ApiKey.PRODUCE, ApiKey.FETCH
@@ -85,6 +85,8 @@ def produce_is_idempotent(frame: BytesLike, header: RequestHeader) -> bool:
         return False
     if getattr(request, "transactional_id", None):
         return True
+    from kafka.record.default_records import DefaultRecordBatch  # loaded with the decode above
+
     saw_batch = False
     for topic in request.topic_data or ():  # a null array decodes as None
         for partition in topic.partition_data or ():
@@ -131,6 +133,8 @@ _FIXED_SIZES = {
 def fixed_field_offset(api_key: int, api_version: int, name: str) -> int | None:
     """Where a top-level request field starts in the body, from the JSON schema, if only
     fixed-size fields come before it in this version (tagged fields are not in line)."""
+    from kafka.protocol.schemas import BaseField  # once per key, version and name (cached)
+
     cls = request_class(api_key)
     if cls is None or api_version > cls.max_version:
         return None

@@ -30,16 +30,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
-
-from kafka.protocol.api_message import ApiMessage
+from typing import TYPE_CHECKING, Any
 
 from protocol._api_key import ApiKey
 from protocol._bodies import decode_exactly, encode_body
 from protocol._errors import ProtocolError
 from protocol._framing import SIZE_PREFIX, BytesLike
 from protocol._headers import response_body_offset
-from protocol._schemas import api_name, response_class
+from protocol._schemas import api_name, response_class, response_field_versions
+
+if TYPE_CHECKING:  # kafka-python loads only when an answer is rewritten
+    from kafka.protocol.api_message import ApiMessage
 
 AddressMapper = Callable[[int, str, int], tuple[str, int]]
 """``(node_id, host, port) -> (host, port)``: the address the client should use instead."""
@@ -107,13 +108,24 @@ def _site_versions(cls: type[ApiMessage], site: _Site) -> tuple[int, int]:
     return field.min_version, field.max_version
 
 
+def _json_field_name(site: _Site) -> str:
+    """The schema's name of the field holding a site's addresses (``node_endpoints``: ``NodeEndpoints``)."""
+    return "".join(part.title() for part in (site.array or "host").split("_"))
+
+
 @cache
 def _first_address_version() -> dict[int, int]:
-    """The first version of each API whose response carries addresses, from the schemas."""
+    """The first version of each API whose response carries addresses, from the JSON schemas
+    (read without kafka-python's classes: every Produce and Fetch answer asks this)."""
     first: dict[int, int] = {}
     for api_key, sites in _SITES.items():
-        cls = _response_class(api_key)
-        first[api_key] = min(_site_versions(cls, site)[0] for site in sites)
+        lows = []
+        for site in sites:
+            versions = response_field_versions(api_key, _json_field_name(site))
+            if versions is None:  # pragma: no cover - Apache Kafka's schemas name every site
+                raise RuntimeError(f"{api_name(api_key)} response schema lacks {_json_field_name(site)}")
+            lows.append(versions[0])
+        first[api_key] = min(lows)
     return first
 
 

@@ -9,18 +9,25 @@ encoded and decoded only through kafka-python's classes.
 from __future__ import annotations
 
 import importlib
-import importlib.resources
+import importlib.util
+import json
 import pkgutil
+import re
 from dataclasses import dataclass
 from functools import cache
-
-import kafka.protocol
-from kafka.protocol.api_message import ApiMessage
-from kafka.protocol.schemas import BaseField, load_json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from protocol._api_key import ApiKey
 
-_RESOURCES = "kafka.protocol.schemas.resources"
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
+# kafka-python (8 MiB and 155 modules once `import kafka` has run its package __init__) is
+# imported only for its message classes, inside the cached functions below. The version
+# facts that every relayed frame needs (header versions, names, where addresses start) are
+# read from its JSON files directly, so a proxy that decodes no body never loads it.
+
 _NO_VERSIONS = (-1, -1)
 _OPEN_END = 32767  # "N+" in a schema's version ranges
 
@@ -88,24 +95,63 @@ class ApiSchema:
         return (low, high) != _NO_VERSIONS and low <= api_version <= high
 
 
+_COMMENT_LINES = re.compile(r"(?m)^\s*//.*\n?")
+
+
+@cache
+def _resources() -> Path:
+    """kafka-python's folder of JSON schemas, found without running its package ``__init__``."""
+    spec = importlib.util.find_spec("kafka")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        raise RuntimeError("kafka-python is not installed")
+    return Path(next(iter(spec.submodule_search_locations)), "protocol", "schemas", "resources")
+
+
+def _read_schema(path: Path) -> dict[str, Any]:
+    """One JSON schema; Apache Kafka's files open with ``//`` comment lines."""
+    data: dict[str, Any] = json.loads(_COMMENT_LINES.sub("", path.read_text(encoding="utf-8")))
+    return data
+
+
+def parse_versions(versions: str) -> tuple[int, int]:
+    """A schema's version range (``"none"``, ``"3"``, ``"3-7"`` or ``"3+"``) as (low, high)."""
+    versions = versions.strip()
+    if versions == "none":
+        return _NO_VERSIONS
+    if versions.endswith("+"):
+        return int(versions[:-1]), _OPEN_END
+    low, _, high = versions.partition("-")
+    return int(low), int(high or low)
+
+
 @cache
 def api_schemas() -> dict[int, ApiSchema]:
     """Every request schema kafka-python ships, by api key."""
     schemas: dict[int, ApiSchema] = {}
-    for entry in importlib.resources.files(_RESOURCES).iterdir():
-        name = entry.name
-        if not name.endswith("Request.json"):
-            continue
-        data = load_json(name.removesuffix(".json"))
+    for path in sorted(_resources().glob("*Request.json")):
+        data = _read_schema(path)
         if data.get("type") != "request" or "apiKey" not in data:
             continue
         schemas[data["apiKey"]] = ApiSchema(
             api_key=data["apiKey"],
             name=data["name"].removesuffix("Request"),
-            valid_versions=BaseField.parse_versions(data["validVersions"]),
-            flexible_versions=BaseField.parse_versions(data.get("flexibleVersions", "none")),
+            valid_versions=parse_versions(data["validVersions"]),
+            flexible_versions=parse_versions(data.get("flexibleVersions", "none")),
         )
     return schemas
+
+
+@cache
+def response_field_versions(api_key: int, field: str) -> tuple[int, int] | None:
+    """The versions of a top-level field (``"Brokers"``) of an API's response schema."""
+    schema = api_schemas().get(api_key)
+    path = _resources() / f"{schema.name}Response.json" if schema else None
+    if path is None or not path.is_file():
+        return None
+    for entry in _read_schema(path)["fields"]:
+        if entry["name"] == field:
+            return parse_versions(entry["versions"])
+    return None
 
 
 @cache
@@ -144,6 +190,9 @@ def is_flexible(api_key: int, api_version: int) -> bool | None:
 
 @cache
 def _message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMessage]]]:
+    import kafka.protocol
+    from kafka.protocol.api_message import ApiMessage
+
     for module in pkgutil.walk_packages(kafka.protocol.__path__, "kafka.protocol."):
         if ".old" in module.name or module.name.endswith("generate_stubs"):
             continue

@@ -86,7 +86,15 @@ class ClusterRouter:
         self.brokers: dict[int, Address] = {}
         """The upstream address of each broker, as last advertised by the cluster."""
         self.listener_ports: dict[int, int] = {}
-        self.caps = decodable_max_versions()
+        self._caps: dict[int, int] | None = None
+
+    @property
+    def caps(self) -> dict[int, int]:
+        """The newest version of each capped api a client may use. Made on first use (an
+        ApiVersions exchange): it loads kafka-python's classes, which a start need not pay for."""
+        if self._caps is None:
+            self._caps = decodable_max_versions()
+        return self._caps
 
     def upstream_for(self, node_id: int, fallback: Address) -> Address:
         """Where a connection to the listener of ``node_id`` should go."""

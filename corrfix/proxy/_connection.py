@@ -140,7 +140,7 @@ class ProxyConnection:
             upstream_peer=str(self.upstream),
             client_tls=isinstance(self.client, trio.SSLStream),
             upstream_tls=isinstance(upstream, trio.SSLStream),
-            upstream_known_plaintext=lambda: self.upstream in self.stats.answering_upstreams,
+            upstream_known_plaintext=self._upstream_known_plaintext,  # a bound method: no closure kept
             record_frames=None if self.observer is None else self.observer.snaplen,
         )
         try:
@@ -162,6 +162,9 @@ class ProxyConnection:
                 self.observer.connection_closed(self.conn_id, reason)
             outstanding = self.machine.outstanding
             self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
+
+    def _upstream_known_plaintext(self) -> bool:
+        return self.upstream in self.stats.answering_upstreams
 
     async def _relay_in_engine(
         self, core: ConnectionCore, client: trio.SocketStream, upstream: trio.SocketStream

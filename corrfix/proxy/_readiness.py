@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
-from kafka.protocol.api_message import ApiMessage
 
 from corrfix.core import Address
 from corrfix.proxy._health import Readiness
@@ -27,6 +27,9 @@ from protocol import (
     response_class,
     response_correlation_id,
 )
+
+if TYPE_CHECKING:  # kafka-python loads with the first check, not at start
+    from kafka.protocol.api_message import ApiMessage
 
 log = structlog.get_logger("corrfix.readiness")
 

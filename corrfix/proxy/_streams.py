@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Sequence
@@ -154,12 +155,16 @@ class Outbox:
 _receive_buffers = threading.local()
 
 
-def receive_buffer() -> bytearray:
+def receive_buffer() -> mmap.mmap:
     """One receive buffer per thread, shared by every reader of the trio run in it and by its
-    engine: each uses what it received before its next await, so idle connections cost no buffer."""
-    buffer = getattr(_receive_buffers, "buffer", None)
+    engine: each uses what it received before its next await, so idle connections cost no buffer.
+
+    An anonymous mapping rather than a ``bytearray`` (which zeroes, so touches, all of its 1 MiB):
+    only the pages receives have written become resident, one page while frames are small.
+    """
+    buffer: mmap.mmap | None = getattr(_receive_buffers, "buffer", None)
     if buffer is None:
-        buffer = _receive_buffers.buffer = bytearray(PLAIN_RECEIVE_SIZE)
+        buffer = _receive_buffers.buffer = mmap.mmap(-1, PLAIN_RECEIVE_SIZE)
     return buffer
 
 
@@ -177,7 +182,7 @@ class Receiver:
         self._stream = stream
         self._sock = _plain_socket(stream)
         self._fd = self._sock.fileno() if self._sock is not None else -1
-        self._buffer = receive_buffer() if self._sock is not None else bytearray()
+        self._buffer: mmap.mmap | bytearray = receive_buffer() if self._sock is not None else bytearray()
         self._streak = 0
 
     async def receive(self) -> bytes | bytearray | memoryview:
