@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._import import CaptureRowWriter, ImportStats, WireImporter, import_pcap
 from ._import_command import add_import_command
+from ._packet_table import read_segments
 from ._packets import (
     LINKTYPE_ETHERNET,
     LINKTYPE_LINUX_SLL,
@@ -15,7 +16,6 @@ from ._packets import (
     LINKTYPE_NULL,
     LINKTYPE_RAW,
     TcpSegment,
-    read_segments,
 )
 from ._pcapng import add_pcapng_arguments, export_pcapng, run_pcapng
 from ._provenance import CaptureIdTakenError

@@ -36,7 +36,8 @@ import pyarrow as pa
 
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
-from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address, read_segments
+from corrfix.capture.pcap._packet_table import read_segments
+from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
     WireCaptureSummary,
     check_prior,

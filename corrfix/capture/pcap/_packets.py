@@ -116,8 +116,11 @@ class PacketStats:
     truncated_file: bool = False
 
 
-def read_segments(path: Path, stats: PacketStats | None = None) -> Iterator[TcpSegment]:
-    """Every TCP segment of a pcap or pcapng file, in file order."""
+def read_segments_per_packet(path: Path, stats: PacketStats | None = None) -> Iterator[TcpSegment]:
+    """Every TCP segment of a pcap or pcapng file, in file order, read packet by packet.
+
+    The reference reader, and the one for files :mod:`._packet_table` does not cover.
+    """
     stats = stats if stats is not None else PacketStats()
     with path.open("rb") as f:
         for ts_ns, linktype, data in _frames(f, stats):

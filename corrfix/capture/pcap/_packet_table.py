@@ -1,0 +1,261 @@
+"""TCP segments of a pcap or pcapng file, its packet table read with numpy.
+
+Reading packets one at a time (:func:`._packets.read_segments_per_packet`) took about a
+quarter of an import. Here the file is mapped into memory, the record or block headers
+are walked in one tight loop, and the common packet (IPv4 without options nor fragments
+carrying TCP, behind Ethernet, Linux cooked headers or nothing) has its header fields
+gathered for all packets at once. Every other packet goes through the per-packet parser,
+and a file this walker does not cover in full (simple or obsolete packet blocks, several
+sections, timestamps whose unit does not divide a nanosecond, anything malformed) is read
+by the per-packet reader from the start, so the segments are always the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import dpkt
+import numpy as np
+import numpy.typing as npt
+
+from corrfix.capture.pcap._packets import (
+    _FAST_IPV4,
+    _PCAP_MAGIC,
+    _PCAPNG_BYTE_ORDER_LE,
+    _PCAPNG_EPB,
+    _PCAPNG_IDB,
+    _PCAPNG_PB,
+    _PCAPNG_SPB,
+    _PROTO_TCP,
+    PCAPNG_MAGIC,
+    PacketStats,
+    TcpSegment,
+    _address,
+    _Interface,
+    _interface,
+    _parse,
+    read_segments_per_packet,
+)
+
+_NS = 1_000_000_000
+_SHB = 0x0A0D0D0A  # the section header block: the same in either byte order
+_new_segment = functools.partial(tuple.__new__, TcpSegment)
+_CHUNK = 65536  # packets whose segments are made at once
+_IPV4_TCP_SIZE = 34  # the fixed IPv4 header and TCP's first 14 bytes, as ``_packets`` reads them
+_Ints = npt.NDArray[np.int64]
+
+
+class _Table:
+    """Per packet: where its bytes start in the file, how many were captured, link type, time."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.captured: list[int] = []
+        self.linktypes: list[int] = []
+        self.stamps: _Ints = np.zeros(0, np.int64)
+        self.truncated = False
+
+
+def read_segments(path: Path, stats: PacketStats | None = None) -> Iterator[TcpSegment]:
+    """Every TCP segment of a pcap or pcapng file, in file order."""
+    stats = stats if stats is not None else PacketStats()
+    if path.stat().st_size == 0:
+        yield from read_segments_per_packet(path, stats)
+        return
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        table = _walk(mm)
+        if table is None:
+            yield from read_segments_per_packet(path, stats)
+            return
+        yield from _segments(mm, table, stats)
+        stats.truncated_file = table.truncated
+
+
+def _walk(mm: mmap.mmap) -> _Table | None:
+    """The packet table, or None when the per-packet reader must read this file."""
+    try:
+        if mm[:4] == PCAPNG_MAGIC:
+            return _walk_pcapng(mm)
+        return _walk_pcap(mm)
+    except (struct.error, ValueError, IndexError, dpkt.UnpackError):
+        return None
+
+
+def _walk_pcap(mm: mmap.mmap) -> _Table | None:
+    formats = _PCAP_MAGIC.get(mm[:4])
+    size = len(mm)
+    if formats is None or size < 24:
+        return None
+    order, nano = formats
+    linktype = struct.unpack_from(order + "I", mm, 20)[0] & 0x0FFFFFFF
+    record = struct.Struct(order + "IIII")
+    table = _Table()
+    offsets, captured = table.offsets, table.captured
+    seconds: list[int] = []
+    fractions: list[int] = []
+    pos = 24
+    while True:
+        if pos + 16 > size:
+            table.truncated = pos < size
+            break
+        second, fraction, length, _original = record.unpack_from(mm, pos)
+        if pos + 16 + length > size:
+            table.truncated = True
+            break
+        offsets.append(pos + 16)
+        captured.append(length)
+        seconds.append(second)
+        fractions.append(fraction)
+        pos += 16 + length
+    table.linktypes = [linktype] * len(offsets)
+    table.stamps = np.array(seconds, np.int64) * _NS + np.array(fractions, np.int64) * (1 if nano else 1000)
+    return table
+
+
+def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
+    size = len(mm)
+    if size < 12:
+        return None
+    little = mm[8:12] == _PCAPNG_BYTE_ORDER_LE
+    order = "<" if little else ">"
+    header = struct.Struct(order + "II")
+    first = header.unpack_from(mm, 0)[1]
+    if first < 12 or first > size or first % 4:
+        return None
+    cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
+    interfaces: list[_Interface] = []
+    table = _Table()
+    blocks: list[int] = []  # where each enhanced packet block starts
+    seen: list[int] = []  # how many interfaces were described by then
+    read = header.unpack_from
+    pos = first
+    while pos + 8 <= size:
+        block_type, length = read(mm, pos)
+        if block_type == _PCAPNG_EPB and length >= 28 and pos + length <= size:
+            blocks.append(pos)
+            seen.append(len(interfaces))
+        elif block_type == _SHB or length < 8:
+            return None  # another section, or a broken length: the per-packet reader decides
+        elif length < 12 or pos + length > size:
+            table.truncated = True
+            break
+        elif block_type == _PCAPNG_IDB:
+            iface = _interface(cls(mm[pos : pos + length]), order)
+            if _NS % iface.units_per_second:
+                return None
+            interfaces.append(iface)
+        elif block_type in (_PCAPNG_PB, _PCAPNG_SPB) or (block_type == _PCAPNG_EPB and length < 28):
+            return None
+        if length % 4:
+            return None  # blocks are 32-bit aligned; the words below are read so
+        pos += length
+    words = np.frombuffer(mm, np.dtype(order + "u4"), count=size // 4)
+    at = np.array(blocks, np.int64) // 4
+    ids, highs, lows, captured = (words[at + n].astype(np.int64) for n in (2, 3, 4, 5))
+    lengths = words[at + 1].astype(np.int64)
+    keep = (ids < np.array(seen, np.int64)) & (20 + captured <= lengths - 8)
+    at, ids, highs, lows, captured = at[keep], ids[keep], highs[keep], lows[keep], captured[keep]
+    if not interfaces:
+        return table
+    linktypes = np.array([iface.linktype for iface in interfaces], np.int64)[ids]
+    units = np.array([_NS // iface.units_per_second for iface in interfaces], np.int64)[ids]
+    shifts = np.array([iface.offset_s for iface in interfaces], np.int64)[ids]
+    if highs.size and int(highs.max()) >= 2**31 // int(units.max()):
+        return None  # beyond int64 nanoseconds: exact integers per packet instead
+    table.offsets = (at * 4 + 28).tolist()
+    table.captured = captured.tolist()
+    table.linktypes = linktypes.tolist()
+    table.stamps = ((highs << 32) | lows) * units + shifts * _NS
+    return table
+
+
+def _segments(mm: mmap.mmap, table: _Table, stats: PacketStats) -> Iterator[TcpSegment]:
+    """The table's segments, a chunk of packets at a time (the payloads are copies)."""
+    for first in range(0, len(table.offsets), _CHUNK):
+        segments = _chunk(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
+        yield from [segment for segment in segments if segment is not None]
+
+
+def _chunk(
+    mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats
+) -> list[TcpSegment | None]:
+    offsets = np.array(table.offsets[first:stop], np.int64)
+    captured = np.array(table.captured[first:stop], np.int64)
+    linktypes = np.array(table.linktypes[first:stop], np.int64)
+    count = len(offsets)
+    data = np.frombuffer(mm, np.uint8)
+    fast = np.zeros(count, bool)
+    ip = np.zeros(count, np.int64)
+    for linktype, (at, ethertype_at) in _FAST_IPV4.items():
+        mine = (linktypes == linktype) & (captured >= at + _IPV4_TCP_SIZE)
+        if ethertype_at is not None:
+            where = offsets[mine] + ethertype_at
+            ok = (data[where] == 0x08) & (data[where + 1] == 0x00)
+            mine[np.flatnonzero(mine)[~ok]] = False
+        fast |= mine
+        ip[mine] = offsets[mine] + at
+    rows = np.flatnonzero(fast)
+    base = ip[rows]
+
+    def u8(at: int) -> _Ints:
+        return data[base + at].astype(np.int64)
+
+    def u16(at: int) -> _Ints:
+        return (u8(at) << 8) | u8(at + 1)
+
+    def u32(at: int) -> _Ints:
+        return (u16(at) << 16) | u16(at + 2)
+
+    tcp_offset = u8(32)
+    ok = (u8(0) == 0x45) & (u8(9) == _PROTO_TCP) & ((u16(6) & 0x3FFF) == 0) & (tcp_offset >= 0x50)
+    rows, base, tcp_offset = rows[ok], base[ok], tcp_offset[ok]
+    total = u16(2)
+    start = base + 20 + (tcp_offset >> 4) * 4
+    ends = offsets[rows] + captured[rows]
+    end = np.where(total > 0, base + total, ends)
+    length = np.maximum(end - start, 0)
+    payload_end = np.maximum(np.minimum(end, ends), start)
+    src, dst = u32(12), u32(16)
+    addresses = {v: _address(v.to_bytes(4, "big")) for v in np.unique(np.concatenate([src, dst])).tolist()}
+    stamps = table.stamps[first:stop]
+    # Made by C calls only (zip, map, tuple.__new__): a Python call per packet cost more than the rest.
+    made = map(
+        _new_segment,
+        zip(
+            (rows + first).tolist(),
+            stamps[rows].tolist(),
+            list(map(addresses.__getitem__, src.tolist())),
+            u16(20).tolist(),
+            list(map(addresses.__getitem__, dst.tolist())),
+            u16(22).tolist(),
+            u32(24).tolist(),
+            u32(28).tolist(),
+            u8(33).tolist(),
+            list(map(mm.__getitem__, map(slice, start.tolist(), payload_end.tolist()))),
+            length.tolist(),
+            strict=True,
+        ),
+    )
+    if len(rows) == count:
+        segments: list[TcpSegment | None] = list(made)
+    else:
+        segments = [None] * count
+        for row, segment in zip(rows.tolist(), made, strict=True):
+            segments[row] = segment
+    if len(rows) < count:
+        parsed = set(rows.tolist())
+        for row in range(count):
+            if row not in parsed:
+                at, size = table.offsets[first + row], table.captured[first + row]
+                segments[row] = _parse(
+                    first + row, int(stamps[row]), table.linktypes[first + row], mm[at : at + size], stats
+                )
+    tcp = sum(segment is not None for segment in segments)
+    stats.packets += count
+    stats.tcp += tcp
+    stats.not_tcp += count - tcp
+    return segments
