@@ -48,6 +48,17 @@ def wait_for_status(url: str, status: int, timeout: float = 20.0) -> Any:
     return last[1]
 
 
+def wait_for_draining(base: str, timeout: float = 2.0) -> Any:
+    """The ``/readyz`` body once it says 503 because the proxy drains. Not just any 503: on a
+    loaded machine a check may already have failed before the signal."""
+
+    def draining() -> Any:
+        status, body = probe(f"{base}/readyz")
+        return body if status == 503 and body.get("draining") is True else None
+
+    return wait_for(draining, timeout, "/readyz to answer 503, draining")
+
+
 def held_fetch(address: tuple[str, int], topic: str, max_wait_ms: int) -> socket.socket:
     """A connection with a Fetch outstanding on an empty ``topic``: Tansu holds it ``max_wait_ms``."""
     fetch = request_class(ApiKey.FETCH)

@@ -14,7 +14,7 @@ import pytest
 
 from corrfix._netutil import free_port
 from corrfix.lab import CorrfixProcess, workload
-from tests.support.health import held_fetch, probe, wait_for, wait_for_status
+from tests.support.health import held_fetch, probe, wait_for, wait_for_draining, wait_for_status
 
 pytestmark = pytest.mark.broker
 
@@ -64,15 +64,17 @@ def test_probes_follow_tansu_up_stopped_restarted_and_the_drain(tansu_factory, t
         with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
             wait_for_outstanding(base)
             proxy._proc.send_signal(signal.SIGTERM)
-            body = wait_for_status(f"{base}/readyz", 503, timeout=2)
-            assert body["draining"] is True
+            body = wait_for_draining(base)
             assert body["reasons"][0] == "draining: the proxy takes no new connections"
             assert probe(f"{base}/livez")[0] == 200
             assert proxy._proc.poll() is None  # still draining
             assert len(client.recv(1 << 16)) > 8  # the Fetch answer was still delivered
         assert proxy._proc.wait(20) == 0
     events = [record["event"] for record in proxy.records()]
-    assert events.count("upstream check failed") == 1 and "upstream answers again" in events
+    # the failure while Tansu was stopped (its reason is checked above), then the recovery; a
+    # loaded machine may add a late check's failure, so the count is not the point
+    failed = events.index("upstream check failed")
+    assert "upstream answers again" in events[failed:]
 
 
 def wait_for_outstanding(base: str) -> None:
@@ -112,7 +114,7 @@ def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_
         with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
             wait_for_outstanding(base)
             proxy._proc.send_signal(signal.SIGTERM)
-            assert wait_for_status(f"{base}/readyz", 503, timeout=2)["draining"] is True
+            wait_for_draining(base)
             assert len(client.recv(1 << 16)) > 8
         assert proxy._proc.wait(20) == 0
 
