@@ -533,17 +533,10 @@ class FrameSplitter:
         """
         length = len(view)
         boundary = self.boundary
-        header = boundary.header(view[offset:])
-        if header is Verdict.REJECT:
-            return Verdict.REJECT
-        if header is Verdict.NEED_MORE:
-            return Verdict.REJECT if final else _Wait(length + 1)
-        assert isinstance(header, Header)
-        end = offset + SIZE_PREFIX + header.size
-        if SIZE_PREFIX + header.size > self.search_limit:
-            return Verdict.REJECT
-        if end > length:
-            return Verdict.REJECT if final else _Wait(end)
+        found = self._frame_at(view, offset, final)
+        if not isinstance(found, tuple):
+            return found
+        header, end = found
         decoded = boundary.body_decodes(view[offset:end], header)
         if decoded is False:
             return Verdict.REJECT
@@ -560,20 +553,29 @@ class FrameSplitter:
             return _PROVEN if final else _Wait(length + 1)
         return Verdict.REJECT
 
-    def _prove_by_next(self, view: memoryview, start: int, final: bool) -> Verdict | _Wait:
-        """Whether a frame whose body kafka-python decodes exactly starts at ``start``."""
+    def _frame_at(self, view: memoryview, offset: int, final: bool) -> tuple[Header, int] | Verdict | _Wait:
+        """The header at ``offset`` and where its frame ends, once the captured bytes hold it
+        all; else the verdict (a rejected header or size) or how many bytes to wait for."""
         length = len(view)
-        header = self.boundary.header(view[start:])
+        header = self.boundary.header(view[offset:])
         if header is Verdict.REJECT:
             return Verdict.REJECT
         if header is Verdict.NEED_MORE:
             return Verdict.REJECT if final else _Wait(length + 1)
         assert isinstance(header, Header)
-        end = start + SIZE_PREFIX + header.size
+        end = offset + SIZE_PREFIX + header.size
         if SIZE_PREFIX + header.size > self.search_limit:
             return Verdict.REJECT
         if end > length:
             return Verdict.REJECT if final else _Wait(end)
+        return header, end
+
+    def _prove_by_next(self, view: memoryview, start: int, final: bool) -> Verdict | _Wait:
+        """Whether a frame whose body kafka-python decodes exactly starts at ``start``."""
+        found = self._frame_at(view, start, final)
+        if not isinstance(found, tuple):
+            return found
+        header, end = found
         return _PROVEN if self.boundary.body_decodes(view[start:end], header) else Verdict.REJECT
 
     def _synchronise(self, found: int, out: list[WireFrame]) -> None:
