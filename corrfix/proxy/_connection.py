@@ -386,8 +386,8 @@ class ProxyConnection:
         core = self.core
         if core is None:
             return  # still connecting: run() drains as soon as it starts
-        core.drain(trio.current_time())
         if self._relayed is not None:
-            self._relayed.apply()
+            self._relayed.apply(core.drain)  # with the engine's loop kept off the connection
         else:
+            core.drain(trio.current_time())
             self._sync()

@@ -1,14 +1,20 @@
-"""The relay engine: every plaintext connection of a trio run in one epoll set, serviced by one task.
+"""The relay engine: every plaintext connection of a trio run in one epoll set, serviced by one loop.
 
 trio does what it is good at: accept, upstream connect, TLS handshakes, signals, drain and
 cancellation. Once both sides of a plaintext connection are up, the connection is adopted
-here. Its two sockets join a private ``select.epoll`` set, and one trio task waits for that
-set's descriptor to become readable (``trio.lowlevel.wait_readable``). Each time it is, the
-task services every ready socket: it receives into one shared buffer, feeds the
-connection's :class:`~corrfix.core.ConnectionCore` with ``now`` (read once per pass), and
-sends what the core returned straight away. trio is woken once per batch of ready sockets,
-not once per socket and direction, and no task switch sits between a receive and the send
-it causes.
+here. Its two sockets join a private ``select.epoll`` set, and one loop services every
+ready socket: it receives into one shared buffer, feeds the connection's
+:class:`~corrfix.core.ConnectionCore` with ``now`` (read once per pass), and sends what the
+core returned straight away. No task switch sits between a receive and the send it causes.
+
+The loop runs in a thread of its own, blocked in ``epoll.poll`` (the GIL released) with the
+nearest deadline as its timeout. A wake-up then costs one system call: a trio task waiting
+on the set's descriptor (``trio.lowlevel.wait_readable``) paid trio's scheduler and its own
+``epoll_wait`` on top, twice per request at one request in flight (bench/README.md, "Relay
+engine"). Under trio's ``MockClock`` the same loop is a trio task instead, so that tests move
+its time: a thread cannot follow a clock that only trio advances. The trio side (adopt,
+drain, forget) and the thread take one lock, so a connection is changed by one of them at a
+time; the thread hands a finished connection back to its task through the run's token.
 
 - A socket is registered for EPOLLOUT only while it holds bytes it could not send yet;
   EPOLLIN follows the core's decisions (stop reading, backpressure, discarding a closing
@@ -37,6 +43,9 @@ import mmap
 import os
 import select
 import socket
+import sys
+import threading
+from collections.abc import Callable
 
 import trio
 
@@ -176,9 +185,14 @@ class Relayed:
         if waiter is not None:
             trio.lowlevel.reschedule(waiter)
 
-    def apply(self) -> None:
-        """The core was called from outside the engine (a drain): carry out what it decided."""
-        self._engine.apply(self)
+    def wake_from_thread(self, token: trio.lowlevel.TrioToken) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self.wake)
+
+    def apply(self, change: Callable[[float], None]) -> None:
+        """Change the core from outside the engine (a drain: ``core.drain``, given ``now``) and
+        carry out what it decided, while the engine's loop leaves the connection alone."""
+        self._engine.apply(self, change)
 
     def interest(self) -> tuple[int, int]:
         """What the epoll set watches on the client and on the broker socket (EPOLLIN, EPOLLOUT)."""
@@ -188,7 +202,9 @@ class Relayed:
 class RelayEngine:
     """One epoll set and one trio task for every plaintext connection of a trio run."""
 
-    def __init__(self, *, receive_size: int | None = None, fair_reads: int = FAIR_READS) -> None:
+    def __init__(
+        self, *, receive_size: int | None = None, fair_reads: int = FAIR_READS, threaded: bool = False
+    ) -> None:
         self._buffer: mmap.mmap | bytearray = (
             receive_buffer() if receive_size is None else bytearray(receive_size)
         )
@@ -203,8 +219,20 @@ class RelayEngine:
         self._scope: trio.CancelScope | None = None
         self._dirty: list[Relayed] | None = None  # during a pass: connections to schedule at its end
         self._running = False
+        self._threaded = threaded
+        self._lock = threading.Lock()
+        """Held by the thread while it serves, and by the trio side while it changes a connection."""
+        self._clock: trio.abc.Clock | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_id = -1
+        self._wake_fd = -1
+        """An eventfd in the set: the trio side wakes the thread when a deadline moves earlier."""
+        self._waiting_until = -math.inf
+        """The deadline the thread's poll waits for (-inf while it serves: no wake needed)."""
+        self._stopping = False
         self.passes = 0
-        """Times the task found sockets ready (a count for tests and profiles)."""
+        """Times the loop found sockets ready (a count for tests and profiles)."""
 
     @property
     def connections(self) -> int:
@@ -221,31 +249,121 @@ class RelayEngine:
     ) -> Relayed:
         """Relay this connection from now on; its task then awaits :meth:`Relayed.finished`."""
         relayed = Relayed(self, core, client, upstream, sinks, close_linger)
-        if self._epoll is None:
-            self._epoll = select.epoll()
-        self._live.add(relayed)
-        self._sides[relayed.client.fd] = relayed.client
-        self._sides[relayed.upstream.fd] = relayed.upstream
-        if not self._running:
-            self._running = True
-            trio.lowlevel.spawn_system_task(self._run, name="corrfix relay engine")
-        self.apply(relayed)
+        if self._clock is None:
+            self._clock = trio.lowlevel.current_clock()
+            self._token = trio.lowlevel.current_trio_token()
+        with self._lock:
+            if self._epoll is None:
+                self._epoll = select.epoll()
+            self._live.add(relayed)
+            self._sides[relayed.client.fd] = relayed.client
+            self._sides[relayed.upstream.fd] = relayed.upstream
+            if not self._running:
+                self._running = True
+                if self._threaded:
+                    self._start_thread()
+                else:
+                    trio.lowlevel.spawn_system_task(self._run, name="corrfix relay engine")
+            self._apply(relayed, None)
         return relayed
 
-    def apply(self, relayed: Relayed) -> None:
+    def apply(self, relayed: Relayed, change: Callable[[float], None]) -> None:
+        with self._lock:
+            self._apply(relayed, change)
+
+    def _apply(self, relayed: Relayed, change: Callable[[float], None] | None) -> None:
         if relayed.over:
             return
         try:
-            self._sync(relayed, trio.current_time())
+            now = self._now()
+            if change is not None:
+                change(now)
+            self._sync(relayed, now)
         except Exception as exc:
             self._fail(relayed, exc)
 
     def forget(self, relayed: Relayed) -> None:
         """Take the connection's sockets out of the set (before they are closed)."""
-        self._release(relayed)
-        relayed.over = True
+        with self._lock:
+            self._release(relayed)
+            relayed.over = True
         if not self._live and self._scope is not None:
             self._scope.cancel()  # nothing left to wait for: the task ends
+
+    def _now(self) -> float:
+        clock = self._clock
+        assert clock is not None
+        return clock.current_time()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        assert self._epoll is not None
+        self._epoll.register(self._wake_fd, select.EPOLLIN)
+        self._stopping = False
+        thread = threading.Thread(target=self._serve_forever, name="corrfix relay engine", daemon=True)
+        self._thread = thread
+        thread.start()
+        trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")
+
+    async def _stop_with_the_run(self) -> None:
+        """The thread lives as long as the trio run (idle, it waits in ``epoll.poll``)."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            with self._lock:
+                self._stopping = True
+            os.eventfd_write(self._wake_fd, 1)
+            thread = self._thread
+            if thread is not None:
+                thread.join()
+            with self._lock:
+                for relayed in list(self._live):
+                    self._fail(relayed, RuntimeError("the relay engine stopped with the trio run"))
+                if self._epoll is not None:
+                    self._epoll.close()
+                    self._epoll = None
+                os.close(self._wake_fd)
+                self._wake_fd = -1
+                self._thread = None
+                self._running = False
+
+    def _serve_forever(self) -> None:
+        self._thread_id = threading.get_ident()
+        epoll = self._epoll
+        assert epoll is not None
+        lock = self._lock
+        while True:
+            with lock:
+                if self._stopping:
+                    return
+                heap = self._heap
+                if heap:
+                    self._waiting_until = heap[0][0]
+                    timeout = max(heap[0][0] - self._now(), 0.0)
+                else:
+                    self._waiting_until = math.inf
+                    timeout = -1.0
+            ready = epoll.poll(timeout, MAX_EVENTS)
+            with lock:
+                self._waiting_until = -math.inf
+                if self._stopping:
+                    return
+                try:
+                    # Under load more sockets are ready by the end of a pass: look again first.
+                    for _ in range(BURST):
+                        if self._serve(ready) < 2:
+                            break
+                        ready = epoll.poll(0, MAX_EVENTS)
+                except Exception as exc:  # a bug here must cost the connections, never the process
+                    for relayed in list(self._live):
+                        self._fail(relayed, exc)
+
+    def _wake_thread(self, due: float) -> None:
+        """A deadline earlier than the thread's poll waits for, set from the trio side."""
+        if due < self._waiting_until and threading.get_ident() != self._thread_id:
+            os.eventfd_write(self._wake_fd, 1)
 
     # -- the task ------------------------------------------------------------------------
 
@@ -266,7 +384,7 @@ class RelayEngine:
                             if self._pass() < 2:
                                 break
                 self._scope = None
-                self._timers(trio.current_time())
+                self._timers(self._now())
         except Exception as exc:  # a bug here must cost the connections, never the trio run
             for relayed in list(self._live):
                 self._fail(relayed, exc)
@@ -283,15 +401,23 @@ class RelayEngine:
         ready = self._epoll.poll(0, MAX_EVENTS)
         if not ready:
             return 0
-        self.passes += 1
-        now = trio.current_time()
+        return self._serve(ready)
+
+    def _serve(self, ready: list[tuple[int, int]]) -> int:
+        """Service these ready sockets once, then what is due; returns how many were ready."""
+        if ready:
+            self.passes += 1
+        now = self._now()
         sides = self._sides
         dirty: list[Relayed] = []
         self._dirty = dirty
         for fd, flags in ready:
             side = sides.get(fd)
             if side is None:
-                continue  # its connection ended earlier in this pass
+                if fd == self._wake_fd:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(fd)
+                continue  # or its connection ended earlier in this pass
             relayed = side.owner
             try:
                 if flags & _OUT or (side.backlog and flags & _READABLE):
@@ -430,12 +556,14 @@ class RelayEngine:
         client, upstream = relayed.client, relayed.upstream
         while True:
             to_upstream, to_client, events = core.take()
+            # Counted and recorded before it is sent: whoever sees the bytes arrive (another
+            # thread than the engine's) finds them in the metrics, the log and the capture.
+            if events or (relayed.sinks.metrics is not None and (to_upstream or to_client)):
+                relayed.sinks.output(to_upstream, to_client, events)
             if to_upstream:
                 self._write(upstream, to_upstream)
             if to_client:
                 self._write(client, to_client)
-            if events or (relayed.sinks.metrics is not None and (to_upstream or to_client)):
-                relayed.sinks.output(to_upstream, to_client, events)
             if core.decided != relayed.decided:
                 relayed.decided = core.decided
                 if core.upstream_spoke:
@@ -543,6 +671,8 @@ class RelayEngine:
         scope = self._scope
         if scope is not None and due < scope.deadline:
             scope.deadline = due
+        elif self._thread is not None:
+            self._wake_thread(due)
 
     def _timers(self, now: float) -> None:
         heap = self._heap
@@ -590,7 +720,11 @@ class RelayEngine:
             return
         relayed.over = True
         self._release(relayed)
-        relayed.wake()
+        if self._thread is not None and threading.get_ident() == self._thread_id:
+            assert self._token is not None
+            relayed.wake_from_thread(self._token)
+        else:
+            relayed.wake()
 
     def _fail(self, relayed: Relayed, exc: Exception) -> None:
         """A bug met on one connection: its task raises it and the connection is closed."""
@@ -619,6 +753,12 @@ def current_engine() -> RelayEngine:
     try:
         return _ENGINE.get()
     except LookupError:
-        engine = RelayEngine()
+        engine = RelayEngine(threaded=_follows_real_time())
         _ENGINE.set(engine)
         return engine
+
+
+def _follows_real_time() -> bool:
+    """Whether the run's clock is real time (a thread can wait for it), not trio's MockClock."""
+    testing = sys.modules.get("trio.testing")  # no MockClock can exist unless it was imported
+    return testing is None or not isinstance(trio.lowlevel.current_clock(), testing.MockClock)

@@ -11,6 +11,7 @@ it off (capture uses a bounded queue).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,3 +29,36 @@ class ConnectionObserver(Protocol):
     def events(self, connection: str, events: Sequence[Event]) -> None: ...
 
     def connection_closed(self, connection: str, reason: str) -> None: ...
+
+
+class SerializedObserver:
+    """An observer called one call at a time, from the relay engine's thread and from trio's.
+
+    Capture gathers each call's rows in scratch lists of its own, so two calls must not
+    interleave; a lock per call costs far less than making every observer thread-safe."""
+
+    __slots__ = ("_inner", "_lock")
+
+    def __init__(self, inner: ConnectionObserver) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+
+    @property
+    def inner(self) -> ConnectionObserver:
+        return self._inner
+
+    @property
+    def snaplen(self) -> int:
+        return self._inner.snaplen
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        with self._lock:
+            self._inner.connection_opened(connection, client, upstream)
+
+    def events(self, connection: str, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._inner.events(connection, events)
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        with self._lock:
+            self._inner.connection_closed(connection, reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import socket
+import threading
 
 import structlog
 import trio
@@ -13,7 +14,7 @@ from corrfix.core import LOOPBACK, Address, ClusterRouter
 from corrfix.proxy._config import ProxyConfig
 from corrfix.proxy._connection import ProxyConnection, ProxyStats
 from corrfix.proxy._metrics import ProxyMetrics
-from corrfix.proxy._observer import ConnectionObserver
+from corrfix.proxy._observer import ConnectionObserver, SerializedObserver
 from corrfix.proxy._streams import peer_name
 from corrfix.proxy._tls import contexts
 
@@ -40,7 +41,8 @@ class Proxy:
         metrics: ProxyMetrics | None = None,
     ) -> None:
         self.config = config
-        self.observer = observer
+        # The relay engine's thread and trio's both report to it: one call at a time.
+        self.observer = None if observer is None else SerializedObserver(observer)
         self.metrics = metrics
         self.stats = ProxyStats()
         if config.tls is not None:
@@ -81,6 +83,8 @@ class Proxy:
             with self._listening:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    self._token = trio.lowlevel.current_trio_token()
+                    self._trio_thread = threading.get_ident()
                     serve = functools.partial(trio.serve_listeners, handler_nursery=connections)
                     await nursery.start(serve, self._handle, listeners)
                     task_status.started(bound)
@@ -126,7 +130,11 @@ class Proxy:
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)
         serve = functools.partial(trio.serve_listeners, handler_nursery=self._connections)
-        self._nursery.start_soon(serve, handler, [listener])
+        start = functools.partial(self._nursery.start_soon, serve, handler, [listener])
+        if threading.get_ident() == self._trio_thread:
+            start()
+        else:  # met in an answer the relay engine's thread relayed; the socket listens already
+            self._token.run_sync_soon(start)
         log.info("broker listener", node_id=node_id, listen=str(Address(host, bound)))
         return bound
 

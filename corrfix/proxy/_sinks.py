@@ -7,6 +7,7 @@ the same way whichever path relays it.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ class ProxyStats:
     repairs: Counter[str] = field(default_factory=Counter)
     answering_upstreams: set[Address] = field(default_factory=set)
     """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def repaired(self, kind: str) -> None:
+        """Count a repair; the relay engine's thread and trio's both do."""
+        with self._lock:
+            self.repairs[kind] += 1
 
 
 class ConnectionSinks:
@@ -119,7 +126,7 @@ class ConnectionSinks:
     def _record(self, event: Repaired) -> None:
         kind = event.kind.value
         self.repairs[kind] += 1
-        self.stats.repairs[kind] += 1
+        self.stats.repaired(kind)
         if self.metrics is not None:
             self.metrics.repair(kind)
         fields = {

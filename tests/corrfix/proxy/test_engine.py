@@ -12,6 +12,7 @@ import os
 import select
 import socket
 import struct
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -287,9 +288,10 @@ def set_reset_on_close(stream: trio.SocketStream) -> None:
     stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
 @pytest.mark.parametrize("vanishing", ["client", "broker"])
-async def test_a_vanished_peer_closes_its_own_connection_only(vanishing):
-    engine = RelayEngine()
+async def test_a_vanished_peer_closes_its_own_connection_only(vanishing, threaded):
+    engine = RelayEngine(threaded=threaded)
     async with trio.open_nursery() as nursery:
         a, b = await Link.open("a"), await Link.open("b")
         a.adopt(engine, nursery)
@@ -335,8 +337,9 @@ class BrokenObserver:
         pass
 
 
-async def test_a_bug_on_one_connection_costs_that_connection_only():
-    engine = RelayEngine()
+@pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
+async def test_a_bug_on_one_connection_costs_that_connection_only(threaded):
+    engine = RelayEngine(threaded=threaded)
     async with trio.open_nursery() as nursery:
         a, b = await Link.open("a"), await Link.open("b")
         a.adopt(engine, nursery, observer=BrokenObserver())
@@ -348,3 +351,61 @@ async def test_a_bug_on_one_connection_costs_that_connection_only():
         assert str(a.error) == "observer bug"
         assert not b.over.is_set() and engine.connections == 1
         nursery.cancel_scope.cancel()
+
+
+# -- the engine's own thread -----------------------------------------------------------------
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "corrfix relay engine"]
+
+
+async def test_the_thread_closes_an_idle_connection_at_its_deadline():
+    """Nothing happens on the connection: only the thread's poll timeout can end it, at the
+    idle deadline and not before."""
+    engine = RelayEngine(threaded=True)
+    config = ConnectionConfig(idle_timeout=0.3)
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("idle")
+        start = trio.current_time()
+        link.adopt(engine, nursery, config)
+        with trio.fail_after(TEST_DEADLINE):
+            await link.round_trip(1)
+            active = trio.current_time()
+            await link.over.wait()
+        assert link.over_at is not None and link.over_at >= active + 0.3 > start
+        assert "idle" in link.reason
+
+
+async def test_a_drain_from_trio_reaches_a_connection_the_thread_relays():
+    """The drain changes the core from trio's thread, under the engine's lock: the request the
+    broker still owes an answer to is answered, then the connection ends."""
+    engine = RelayEngine(threaded=True)
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("draining")
+        relayed = link.adopt(engine, nursery)
+        nursery.start_soon(polite_client, link)
+        with trio.fail_after(TEST_DEADLINE):
+            await link.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 7, 7))
+            (request,) = await read_frames(link.broker, 1)
+            relayed.apply(relayed.core.drain)
+            await link.broker.send_all(answer_to(request))
+            await link.over.wait()
+        assert relayed.core.machine.outstanding == 0
+        assert "drain" in link.reason
+
+
+def test_the_thread_ends_with_the_trio_run():
+    async def relay_one() -> None:
+        engine = RelayEngine(threaded=True)
+        async with trio.open_nursery() as nursery:
+            link = await Link.open("one")
+            link.adopt(engine, nursery)
+            with trio.fail_after(TEST_DEADLINE):
+                await link.round_trip(1)
+            assert len(engine_threads()) == 1
+            nursery.cancel_scope.cancel()
+
+    before = engine_threads()
+    trio.run(relay_one)
+    assert engine_threads() == before
