@@ -47,12 +47,14 @@ import sys
 import threading
 from collections.abc import Callable
 
+import structlog
 import trio
 
 from corrfix.core import CLOSE_GRACE, DISCARD_LIMIT, ConnectionCore
 from corrfix.proxy._sinks import ConnectionSinks
 from corrfix.proxy._streams import FAIR_READS, Chunk, receive_buffer, send_frames, unsent
 
+_log = structlog.get_logger("corrfix.proxy")
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _READABLE = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
 MAX_EVENTS = 1024
@@ -231,6 +233,7 @@ class RelayEngine:
         self._waiting_until = -math.inf
         """The deadline the thread's poll waits for (-inf while it serves: no wake needed)."""
         self._stopping = False
+        self._guarded = False  # the system task that stops the thread with the run is running
         self.passes = 0
         """Times the loop found sockets ready (a count for tests and profiles)."""
 
@@ -298,14 +301,19 @@ class RelayEngine:
     # -- the thread ----------------------------------------------------------------------
 
     def _start_thread(self) -> None:
-        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        assert self._epoll is not None
-        self._epoll.register(self._wake_fd, select.EPOLLIN)
-        self._stopping = False
-        thread = threading.Thread(target=self._serve_forever, name="corrfix relay engine", daemon=True)
+        epoll = self._epoll
+        assert epoll is not None
+        wake_fd = self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        epoll.register(wake_fd, select.EPOLLIN)
+        self._waiting_until = -math.inf
+        thread = threading.Thread(
+            target=self._serve_forever, args=(epoll, wake_fd), name="corrfix relay engine", daemon=True
+        )
         self._thread = thread
         thread.start()
-        trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")
+        if not self._guarded:
+            self._guarded = True
+            trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")
 
     async def _stop_with_the_run(self) -> None:
         """The thread lives as long as the trio run (idle, it waits in ``epoll.poll``)."""
@@ -314,25 +322,36 @@ class RelayEngine:
         finally:
             with self._lock:
                 self._stopping = True
-            os.eventfd_write(self._wake_fd, 1)
-            thread = self._thread
+                thread = self._thread
+                if thread is not None:
+                    os.eventfd_write(self._wake_fd, 1)
             if thread is not None:
                 thread.join()
+
+    def _serve_forever(self, epoll: select.epoll, wake_fd: int) -> None:
+        """The thread: serve until the run ends. Should the loop itself fail (not a connection:
+        a pass's errors cost its connections only), its connections fail with it and the next
+        adopted connection starts a new thread and set, rather than joining a dead one."""
+        self._thread_id = threading.get_ident()
+        failure: Exception = RuntimeError("the relay engine stopped with the trio run")
+        try:
+            self._poll_and_serve(epoll)
+        except BaseException as exc:
+            _log.error("relay engine thread failed", error=repr(exc))
+            failure = exc if isinstance(exc, Exception) else RuntimeError(f"relay engine stopped: {exc!r}")
+        finally:
             with self._lock:
                 for relayed in list(self._live):
-                    self._fail(relayed, RuntimeError("the relay engine stopped with the trio run"))
-                if self._epoll is not None:
-                    self._epoll.close()
-                    self._epoll = None
-                os.close(self._wake_fd)
-                self._wake_fd = -1
+                    self._fail(relayed, failure)
                 self._thread = None
+                self._thread_id = -1
                 self._running = False
+                self._epoll = None
+                self._wake_fd = -1
+                epoll.close()
+                os.close(wake_fd)
 
-    def _serve_forever(self) -> None:
-        self._thread_id = threading.get_ident()
-        epoll = self._epoll
-        assert epoll is not None
+    def _poll_and_serve(self, epoll: select.epoll) -> None:
         lock = self._lock
         while True:
             with lock:

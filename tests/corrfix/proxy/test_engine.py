@@ -395,6 +395,28 @@ async def test_a_drain_from_trio_reaches_a_connection_the_thread_relays():
         assert "drain" in link.reason
 
 
+async def test_a_failed_thread_fails_its_connections_and_the_next_one_gets_a_new_thread():
+    engine = RelayEngine(threaded=True)
+    loop = engine._poll_and_serve
+
+    def broken_once(epoll: select.epoll) -> None:
+        engine._poll_and_serve = loop  # type: ignore[method-assign]
+        raise RuntimeError("epoll broke")
+
+    engine._poll_and_serve = broken_once  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        with capture_logs() as logs, trio.fail_after(TEST_DEADLINE):
+            a.adopt(engine, nursery)
+            await a.over.wait()
+        assert str(a.error) == "epoll broke"
+        assert [log["event"] for log in logs] == ["relay engine thread failed"]
+        b.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await b.round_trip(1)  # served by a new thread
+        nursery.cancel_scope.cancel()
+
+
 def test_the_thread_ends_with_the_trio_run():
     async def relay_one() -> None:
         engine = RelayEngine(threaded=True)
