@@ -12,10 +12,13 @@ by the per-packet reader from the start, so the segments are always the same.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import heapq
 import mmap
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dpkt
@@ -176,13 +179,105 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
 def _segments(mm: mmap.mmap, table: _Table, stats: PacketStats) -> Iterator[TcpSegment]:
     """The table's segments, a chunk of packets at a time (the payloads are copies)."""
     for first in range(0, len(table.offsets), _CHUNK):
-        segments = _chunk(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
-        yield from [segment for segment in segments if segment is not None]
+        yield from _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats).segments()
 
 
-def _chunk(
-    mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats
-) -> list[TcpSegment | None]:
+@dataclass(slots=True)
+class PacketColumns:
+    """TCP segments as columns: one entry per packet the numpy pass read (``index`` is the
+    packet's number in the file), payloads as ``[start, stop)`` ranges of ``data``; the
+    segments of the other packets, made by the per-packet parser, in ``others``."""
+
+    data: mmap.mmap
+    index: _Ints
+    ts_ns: _Ints
+    src: _Ints  # IPv4 addresses as numbers; ``addresses`` names them
+    sport: _Ints
+    dst: _Ints
+    dport: _Ints
+    seq: _Ints
+    ack: _Ints
+    flags: _Ints
+    start: _Ints
+    stop: _Ints
+    length: _Ints
+    addresses: dict[int, str]
+    others: list[TcpSegment]
+
+    def segments(self) -> list[TcpSegment]:
+        """All segments, as :func:`read_segments` gives them (payloads copied), in file order."""
+        made = map(
+            _new_segment,
+            zip(
+                self.index.tolist(),
+                self.ts_ns.tolist(),
+                list(map(self.addresses.__getitem__, self.src.tolist())),
+                self.sport.tolist(),
+                list(map(self.addresses.__getitem__, self.dst.tolist())),
+                self.dport.tolist(),
+                self.seq.tolist(),
+                self.ack.tolist(),
+                self.flags.tolist(),
+                list(map(self.data.__getitem__, map(slice, self.start.tolist(), self.stop.tolist()))),
+                self.length.tolist(),
+                strict=True,
+            ),
+        )
+        if not self.others:
+            return list(made)
+        return list(heapq.merge(made, self.others))  # by packet index, the first field
+
+    def select(self, rows: _Ints) -> PacketColumns:
+        """The segments at these positions of the columns (``others`` left out)."""
+        columns = {name: getattr(self, name)[rows] for name in _COLUMNS}
+        return PacketColumns(self.data, **columns, addresses=self.addresses, others=[])
+
+
+_COLUMNS = (
+    "index",
+    "ts_ns",
+    "src",
+    "sport",
+    "dst",
+    "dport",
+    "seq",
+    "ack",
+    "flags",
+    "start",
+    "stop",
+    "length",
+)
+
+
+@contextlib.contextmanager
+def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[PacketColumns | None]:
+    """Every TCP segment of a pcap or pcapng file as :class:`PacketColumns`, the file mapped
+    while the context lasts; None when only the per-packet reader can read this file."""
+    stats = stats if stats is not None else PacketStats()
+    if path.stat().st_size == 0:
+        yield None
+        return
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        table = _walk(mm)
+        if table is None:
+            yield None
+            return
+        chunks = [
+            _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
+            for first in range(0, len(table.offsets), _CHUNK)
+        ]
+        stats.truncated_file = table.truncated
+        if not chunks:
+            chunks = [_chunk_columns(mm, table, 0, 0, stats)]
+        addresses: dict[int, str] = {}
+        for chunk in chunks:
+            addresses.update(chunk.addresses)
+        columns = {name: np.concatenate([getattr(c, name) for c in chunks]) for name in _COLUMNS}
+        others = [segment for chunk in chunks for segment in chunk.others]
+        yield PacketColumns(mm, **columns, addresses=addresses, others=others)
+
+
+def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats) -> PacketColumns:
     offsets = np.array(table.offsets[first:stop], np.int64)
     captured = np.array(table.captured[first:stop], np.int64)
     linktypes = np.array(table.linktypes[first:stop], np.int64)
@@ -222,40 +317,34 @@ def _chunk(
     src, dst = u32(12), u32(16)
     addresses = {v: _address(v.to_bytes(4, "big")) for v in np.unique(np.concatenate([src, dst])).tolist()}
     stamps = table.stamps[first:stop]
-    # Made by C calls only (zip, map, tuple.__new__): a Python call per packet cost more than the rest.
-    made = map(
-        _new_segment,
-        zip(
-            (rows + first).tolist(),
-            stamps[rows].tolist(),
-            list(map(addresses.__getitem__, src.tolist())),
-            u16(20).tolist(),
-            list(map(addresses.__getitem__, dst.tolist())),
-            u16(22).tolist(),
-            u32(24).tolist(),
-            u32(28).tolist(),
-            u8(33).tolist(),
-            list(map(mm.__getitem__, map(slice, start.tolist(), payload_end.tolist()))),
-            length.tolist(),
-            strict=True,
-        ),
-    )
-    if len(rows) == count:
-        segments: list[TcpSegment | None] = list(made)
-    else:
-        segments = [None] * count
-        for row, segment in zip(rows.tolist(), made, strict=True):
-            segments[row] = segment
+    others: list[TcpSegment] = []
     if len(rows) < count:
         parsed = set(rows.tolist())
         for row in range(count):
             if row not in parsed:
                 at, size = table.offsets[first + row], table.captured[first + row]
-                segments[row] = _parse(
+                segment = _parse(
                     first + row, int(stamps[row]), table.linktypes[first + row], mm[at : at + size], stats
                 )
-    tcp = sum(segment is not None for segment in segments)
+                if segment is not None:
+                    others.append(segment)
     stats.packets += count
-    stats.tcp += tcp
-    stats.not_tcp += count - tcp
-    return segments
+    stats.tcp += len(rows) + len(others)
+    stats.not_tcp += count - len(rows) - len(others)
+    return PacketColumns(
+        mm,
+        rows + first,
+        stamps[rows],
+        src,
+        u16(20),
+        dst,
+        u16(22),
+        u32(24),
+        u32(28),
+        u8(33),
+        start,
+        payload_end,
+        length,
+        addresses,
+        others,
+    )
