@@ -249,6 +249,30 @@ def _frames(
         map(columns.data.__getitem__, map(slice, columns.start[rows].tolist(), columns.stop[rows].tolist()))
     )
     smallest = MIN_REQUEST_SIZE if requests else _MIN_RESPONSE_SIZE
+    at = _one_frame_per_packet(data, columns.length[rows], smallest, max_frame_size)
+    if at is None:
+        at = _walk(data, smallest, max_frame_size)
+        if at is None:
+            return None
+    ends = np.append(at[1:], len(data)) if len(at) else at
+    return Direction(data, at), ends
+
+
+def _one_frame_per_packet(data: bytes, lengths: _Ints, smallest: int, largest: int) -> _Ints | None:
+    """The packets' starts, when each packet holds exactly one whole frame (small requests and
+    answers usually do): checked for all at once. None when not."""
+    starts = np.cumsum(lengths) - lengths
+    if not len(starts) or (lengths < SIZE_PREFIX).any():
+        return None
+    sizes = _int(np.frombuffer(data, np.uint8), starts, SIZE_PREFIX)
+    if ((sizes + SIZE_PREFIX) != lengths).any() or (sizes < smallest).any() or (sizes > largest).any():
+        return None
+    return starts
+
+
+def _walk(data: bytes, smallest: int, largest: int) -> _Ints | None:
+    """Frame starts, from each frame's size; None when a size is impossible or the last frame
+    is not whole."""
     starts = []
     pos, end = 0, len(data)
     unpack = _SIZE.unpack_from
@@ -256,15 +280,13 @@ def _frames(
         if pos + SIZE_PREFIX > end:
             return None
         size = unpack(data, pos)[0]
-        if not smallest <= size <= max_frame_size:
+        if not smallest <= size <= largest:
             return None
         starts.append(pos)
         pos += SIZE_PREFIX + size
     if pos != end:
         return None
-    at = np.array(starts, np.int64)
-    ends = np.append(at[1:], end) if starts else at
-    return Direction(data, at), ends
+    return np.array(starts, np.int64)
 
 
 def _rows(

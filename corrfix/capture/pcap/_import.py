@@ -180,25 +180,24 @@ class CaptureRowWriter:
         if not len(order):
             return
         files = self._open(columns["wall_ns"][int(order[0])].as_py())
-        size = self.batch_rows
-        for first in range(0, len(order), size):
-            n = min(size, len(order) - first)
-            rows = pa.array(order[first : first + n])
-            if first == 0 or n < size:  # arrays built whole: a slice would write its parent's buffers
-                constant = {
-                    "capture_id": pa.array([self.capture_id] * n, pa.string()),
-                    "source": pa.array([Source.WIRE.value] * n, pa.string()),
-                }
-            batch = [
-                constant[name]
-                if name in constant
-                else columns[name].take(rows)
+        total = len(columns["wall_ns"])
+        constant = {"capture_id": self.capture_id, "source": Source.WIRE.value}
+        rows = pa.RecordBatch.from_arrays(
+            [
+                columns[name]
                 if name in columns
-                else pa.nulls(n, f.type)
+                else pa.array(np.full(total, constant[name], object), f.type)
+                if name in constant
+                else pa.nulls(total, f.type)
                 for name, f in self._fields
-            ]
-            files.write(pa.RecordBatch.from_arrays(batch, schema=self.schema))
-            self.rows += n
+            ],
+            schema=self.schema,
+        )
+        # Taken batch by batch: a slice would write its parent's buffers, so other bytes.
+        for first in range(0, len(order), self.batch_rows):
+            taken = rows.take(pa.array(order[first : first + self.batch_rows]))
+            files.write(taken)
+            self.rows += taken.num_rows
 
     def _open(self, started: int) -> CaptureFiles:
         """The capture's files, named after the time of its first row."""

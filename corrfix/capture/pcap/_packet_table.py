@@ -130,37 +130,44 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     if first < 12 or first > size or first % 4:
         return None
     cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
-    interfaces: list[_Interface] = []
     table = _Table()
-    blocks: list[int] = []  # where each enhanced packet block starts
-    seen: list[int] = []  # how many interfaces were described by then
-    read = header.unpack_from
+    # Chain the blocks by their lengths (the only step that must go block by block), up to the
+    # first whose length is broken; then sort them by type all at once.
+    read_length = struct.Struct(order + "I").unpack_from
+    starts: list[int] = []
+    append = starts.append
     pos = first
     while pos + 8 <= size:
-        block_type, length = read(mm, pos)
-        if block_type == _PCAPNG_EPB and length >= 28 and pos + length <= size:
-            blocks.append(pos)
-            seen.append(len(interfaces))
-        elif block_type == _SHB or length < 8:
-            return None  # another section, or a broken length: the per-packet reader decides
-        elif length < 12 or pos + length > size:
+        length = read_length(mm, pos + 4)[0]
+        if length < 12 or length % 4 or pos + length > size:
+            block_type = read_length(mm, pos)[0]
+            if block_type == _SHB or length < 8 or not (length < 12 or pos + length > size):
+                return None  # another section, a broken or unaligned length: the per-packet reader decides
             table.truncated = True
             break
-        elif block_type == _PCAPNG_IDB:
-            iface = _interface(cls(mm[pos : pos + length]), order)
-            if _NS % iface.units_per_second:
-                return None
-            interfaces.append(iface)
-        elif block_type in (_PCAPNG_PB, _PCAPNG_SPB) or (block_type == _PCAPNG_EPB and length < 28):
-            return None
-        if length % 4:
-            return None  # blocks are 32-bit aligned; the words below are read so
+        append(pos)
         pos += length
     words = np.frombuffer(mm, np.dtype(order + "u4"), count=size // 4)
-    at = np.array(blocks, np.int64) // 4
+    at_all = np.array(starts, np.int64) // 4
+    types, lengths_all = words[at_all], words[at_all + 1]
+    if ((types == _SHB) | (types == _PCAPNG_PB) | (types == _PCAPNG_SPB)).any():
+        return None
+    if ((types == _PCAPNG_EPB) & (lengths_all < 28)).any():
+        return None
+    is_idb = types == _PCAPNG_IDB
+    interfaces: list[_Interface] = []
+    for at in at_all[is_idb].tolist():
+        iface = _interface(cls(mm[at * 4 : at * 4 + int(words[at + 1])]), order)
+        if _NS % iface.units_per_second:
+            return None
+        interfaces.append(iface)
+    is_epb = types == _PCAPNG_EPB
+    blocks = at_all[is_epb] * 4  # where each enhanced packet block starts
+    seen = np.cumsum(is_idb)[is_epb]  # how many interfaces were described by then
+    at = blocks // 4
     ids, highs, lows, captured = (words[at + n].astype(np.int64) for n in (2, 3, 4, 5))
     lengths = words[at + 1].astype(np.int64)
-    keep = (ids < np.array(seen, np.int64)) & (20 + captured <= lengths - 8)
+    keep = (ids < seen) & (20 + captured <= lengths - 8)
     at, ids, highs, lows, captured = at[keep], ids[keep], highs[keep], lows[keep], captured[keep]
     if not interfaces:
         return table
@@ -295,19 +302,21 @@ def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: P
         ip[mine] = offsets[mine] + at
     rows = np.flatnonzero(fast)
     base = ip[rows]
+    # The headers' first bytes of every packet at once, one row each; fields are read from columns.
+    headers = data[base[:, None] + np.arange(_IPV4_TCP_SIZE)]
 
     def u8(at: int) -> _Ints:
-        return data[base + at].astype(np.int64)
+        return headers[:, at].astype(np.int64)
 
     def u16(at: int) -> _Ints:
-        return (u8(at) << 8) | u8(at + 1)
+        return headers[:, at : at + 2].copy().view(">u2")[:, 0].astype(np.int64)
 
     def u32(at: int) -> _Ints:
-        return (u16(at) << 16) | u16(at + 2)
+        return headers[:, at : at + 4].copy().view(">u4")[:, 0].astype(np.int64)
 
     tcp_offset = u8(32)
     ok = (u8(0) == 0x45) & (u8(9) == _PROTO_TCP) & ((u16(6) & 0x3FFF) == 0) & (tcp_offset >= 0x50)
-    rows, base, tcp_offset = rows[ok], base[ok], tcp_offset[ok]
+    rows, base, tcp_offset, headers = rows[ok], base[ok], tcp_offset[ok], headers[ok]
     total = u16(2)
     start = base + 20 + (tcp_offset >> 4) * 4
     ends = offsets[rows] + captured[rows]
