@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from corrfix.capture.pcap import _arrays as arrays
 from corrfix.capture.pcap._packet_table import PacketColumns
 from corrfix.capture.pcap._packets import TH_ACK, TH_FIN, TH_RST, TH_SYN, format_address
 from protocol import MIN_REQUEST_SIZE, SIZE_PREFIX
@@ -480,6 +481,7 @@ class RowColumns:
     packet: _Ints
     opened: _Ints
     rank: _Ints
+    ts_ns: _Ints  # the rows' times (``wall_ns``)
 
 
 AT_END = np.iinfo(np.int64).max
@@ -508,38 +510,31 @@ def clean_columns(connections: list[CleanConnection]) -> RowColumns:
     for c in connections:
         first_numbers.append(base)
         for d in c.directions:
-            offsets = np.append(d.starts, len(d.data)).astype(np.int32)
-            pieces.append(
-                pa.Array.from_buffers(
-                    pa.binary(), len(d.starts), [None, pa.py_buffer(offsets), pa.py_buffer(d.data)]
-                )
-            )
+            pieces.append(arrays.binary(d.data, d.starts))
             base += len(d.starts)
     frame_number = joined("frame_number") + np.repeat(np.array(first_numbers, np.int64), sizes)
-    frames = pa.concat_arrays(pieces) if pieces else pa.array([], pa.binary())
-    names = [c.connection_id for c in connections]
-    clients = [c.client_address for c in connections]
-    servers = [c.upstream_address for c in connections]
+    frames = pa.concat_arrays(pieces) if pieces else arrays.binary(b"", np.zeros(0, np.int64))
+    # Open and close rows name the addresses; after the per-connection ones, a None (null).
+    addresses = np.where(frame, len(connections), owner)
+    seq = np.arange(len(kind), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     columns = {
-        "connection_id": pa.array(names, pa.string()).take(owner),
-        "seq": pa.array(
-            np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else np.zeros(0, np.int64)
-        ),
-        "kind": pa.array(KINDS, pa.string()).take(kind),
-        "side": pa.array(["client", None], pa.string()).take(not_frame.astype(np.int64)),
-        "direction": pa.array([*DIRECTIONS, None], pa.string()).take(np.where(direction < 0, 2, direction)),
-        "wall_ns": pa.array(ts, pa.int64()),
-        "mono_ns": pa.array(ts, pa.int64()),
-        "api_key": pa.array(joined("api_key"), pa.int16(), mask=~known),
-        "api_version": pa.array(joined("api_version"), pa.int16(), mask=~known),
-        "client_correlation_id": pa.array(joined("correlation_id"), pa.int32(), mask=not_frame),
-        "frame_length": pa.array(joined("frame_length"), pa.int32(), mask=not_frame),
-        "frame": frames.take(pa.array(frame_number, pa.int64(), mask=not_frame)),
-        "client_address": pa.array(clients, pa.string()).take(pa.array(owner, pa.int64(), mask=frame)),
-        "upstream_address": pa.array(servers, pa.string()).take(pa.array(owner, pa.int64(), mask=frame)),
-        "reason": pa.array([*REASONS, None], pa.string()).take(np.where(reason < 0, len(REASONS), reason)),
+        "connection_id": arrays.strings([c.connection_id for c in connections], owner),
+        "seq": arrays.integers(seq, pa.int64()),
+        "kind": arrays.strings(KINDS, kind),
+        "side": arrays.strings(["client", None], not_frame.astype(np.int64)),
+        "direction": arrays.strings([*DIRECTIONS, None], np.where(direction < 0, len(DIRECTIONS), direction)),
+        "wall_ns": arrays.integers(ts, pa.int64()),
+        "mono_ns": arrays.integers(ts, pa.int64()),
+        "api_key": arrays.integers(joined("api_key"), pa.int16(), null=~known),
+        "api_version": arrays.integers(joined("api_version"), pa.int16(), null=~known),
+        "client_correlation_id": arrays.integers(joined("correlation_id"), pa.int32(), null=not_frame),
+        "frame_length": arrays.integers(joined("frame_length"), pa.int32(), null=not_frame),
+        "frame": frames.take(arrays.integers(frame_number, pa.int64(), null=not_frame)),
+        "client_address": arrays.strings([*(c.client_address for c in connections), None], addresses),
+        "upstream_address": arrays.strings([*(c.upstream_address for c in connections), None], addresses),
+        "reason": arrays.strings([*REASONS, None], np.where(reason < 0, len(REASONS), reason)),
     }
     at_end = np.repeat(np.array([c.at_end for c in connections], bool), sizes) & (kind == CLOSE)
     packet = np.where(at_end, AT_END, joined("packet"))
     opened = np.where(at_end, np.repeat(np.array([c.opened_at for c in connections], np.int64), sizes), 0)
-    return RowColumns(columns, packet, opened, joined("rank"))
+    return RowColumns(columns, packet, opened, joined("rank"), ts)

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
+from corrfix.capture.pcap import _arrays as arrays
 from corrfix.capture.pcap._clean_streams import AT_END, clean_columns, import_clean
 from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
@@ -173,20 +174,21 @@ class CaptureRowWriter:
         files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
         self._pending = []
 
-    def write_columns(self, columns: dict[str, pa.Array], order: npt.NDArray[np.int64]) -> None:
+    def write_columns(self, columns: dict[str, pa.Array], order: npt.NDArray[np.int64], started: int) -> None:
         """Rows given as columns (those rows set; the capture id and source are added), taken
-        in ``order``: in batches of ``batch_rows``, as if written one by one."""
+        in ``order``: in batches of ``batch_rows``, as if written one by one. ``started``: the
+        time of the first row in that order."""
         self.flush()
         if not len(order):
             return
-        files = self._open(columns["wall_ns"][int(order[0])].as_py())
+        files = self._open(int(started))
         total = len(columns["wall_ns"])
         constant = {"capture_id": self.capture_id, "source": Source.WIRE.value}
         rows = pa.RecordBatch.from_arrays(
             [
                 columns[name]
                 if name in columns
-                else pa.array(np.full(total, constant[name], object), f.type)
+                else arrays.strings([constant[name]], np.zeros(total, np.int64))
                 if name in constant
                 else pa.nulls(total, f.type)
                 for name, f in self._fields
@@ -195,7 +197,7 @@ class CaptureRowWriter:
         )
         # Taken batch by batch: a slice would write its parent's buffers, so other bytes.
         for first in range(0, len(order), self.batch_rows):
-            taken = rows.take(pa.array(order[first : first + self.batch_rows]))
+            taken = rows.take(arrays.indices(order[first : first + self.batch_rows]))
             files.write(taken)
             self.rows += taken.num_rows
 
@@ -658,11 +660,13 @@ def _import_columns(
     stats.responses += sum(c.responses for c in clean.connections)
     stats.unmatched_responses += sum(c.unmatched for c in clean.connections)
     fast = clean_columns(clean.connections)
-    fields = [f for f in writer.schema if f.name in fast.columns]
-    columns = {
-        f.name: pa.concat_arrays([fast.columns[f.name], pa.array([row.get(f.name) for row in rows], f.type)])
-        for f in fields
-    }
+    columns = fast.columns
+    if rows:
+        columns = {
+            f.name: pa.concat_arrays([columns[f.name], pa.array([row.get(f.name) for row in rows], f.type)])
+            for f in writer.schema
+            if f.name in columns
+        }
     order = np.lexsort(
         (
             np.concatenate([fast.rank, np.array(rank, np.int64)]),
@@ -670,4 +674,7 @@ def _import_columns(
             np.concatenate([fast.packet, np.array(packet, np.int64)]),
         )
     )
-    writer.write_columns(columns, order)
+    if len(order):
+        first = int(order[0])
+        started = fast.ts_ns[first] if first < len(fast.ts_ns) else rows[first - len(fast.ts_ns)]["wall_ns"]
+        writer.write_columns(columns, order, started)
