@@ -15,9 +15,11 @@ Then, interleaved, ``--rounds`` times each (median reported):
 
 Both are measured as whole commands, start-up included, by wall time and by CPU time
 (user + system of the child, from ``os.wait4``). Rates are Kafka frames per second; the
-ratio is corrfix's rate over tshark's. Each command's start-up is measured on a pcap of
-8 frames and taken off its CPU time for the dissection rates ("after start-up"). The
-import alone, in this process (``import_pcap`` timed with ``time.process_time``, its
+ratio is corrfix's rate over tshark's. Each command's start-up is measured on a small pcap
+(``--startup-frames``, 512: 32 frames per TCP connection, so that its connections take the
+same path through the importer as the big pcap's and load the same modules; median of
+``--rounds`` runs) and taken off its CPU time for the dissection rates ("after start-up").
+The import alone, in this process (``import_pcap`` timed with ``time.process_time``, its
 second run, so no module is loaded inside it), is reported beside them.
 
     python bench/import_bench.py                  # 40,000 frames, 3 rounds
@@ -91,7 +93,7 @@ def make_pcap(directory: Path, frames: int) -> tuple[Path, int]:
     return pcap, written
 
 
-def run(frames: int, rounds: int, log: bool = True) -> dict[str, object]:
+def run(frames: int, rounds: int, startup_frames: int = 512, log: bool = True) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="corrfix-import-bench-"))
     try:
         started = time.monotonic()
@@ -100,15 +102,18 @@ def run(frames: int, rounds: int, log: bool = True) -> dict[str, object]:
             size = pcap.stat().st_size
             made = time.monotonic() - started
             print(f"pcap: {written:,} frames, {size / 2**20:.1f} MiB, made in {made:.1f} s")
-        tiny, _ = make_pcap(work / "tiny", 8)
+        tiny, _ = make_pcap(work / "tiny", startup_frames)
         import_pcap(tiny, work / "warm", [PORT])  # loads what the import loads on first use
         start = time.process_time()
         stats = import_pcap(pcap, work / "in-process", [PORT])
         in_process = time.process_time() - start
         imported = stats.requests + stats.responses
-        startup = {"corrfix": _corrfix(tiny, work / "tiny-out")[1], "tshark": None}
+        startup: dict[str, float | None] = {
+            "corrfix": median([_corrfix(tiny, work / f"tiny-out-{n}")[1] for n in range(rounds)]),
+            "tshark": None,
+        }
         if shutil.which("tshark"):
-            startup["tshark"] = _tshark(tiny)[1]
+            startup["tshark"] = median([_tshark(tiny)[1] for _ in range(rounds)])
         runs: dict[str, list[tuple[float, float, int]]] = {"corrfix": [], "tshark": []}
         for n in range(rounds):
             order = ["corrfix", "tshark"] if n % 2 == 0 else ["tshark", "corrfix"]
@@ -126,6 +131,7 @@ def run(frames: int, rounds: int, log: bool = True) -> dict[str, object]:
             "packets": stats.packets,
             "imported_frames": imported,
             "rounds": rounds,
+            "startup_frames": startup_frames,
             "import_in_process": {
                 "cpu_s": round(in_process, 3),
                 "frames_per_cpu_s": round(imported / in_process),
@@ -166,9 +172,15 @@ def main() -> int:
         "--frames", type=int, default=40_000, help="Kafka frames in the pcap (default 40,000)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="runs of each tool, interleaved (default 3)")
+    parser.add_argument(
+        "--startup-frames",
+        type=int,
+        default=512,
+        help="frames in the pcap start-up is measured on (default 512)",
+    )
     parser.add_argument("--output", type=Path, help="JSON results (default bench/results/import-<date>.json)")
     args = parser.parse_args()
-    report = run(args.frames, args.rounds)
+    report = run(args.frames, args.rounds, args.startup_frames)
     report["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     report["load_average"] = os.getloadavg()
     output = args.output or HERE / "results" / f"import-{datetime.now(UTC):%Y-%m-%d}.json"

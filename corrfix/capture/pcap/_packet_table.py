@@ -56,9 +56,9 @@ class _Table:
     """Per packet: where its bytes start in the file, how many were captured, link type, time."""
 
     def __init__(self) -> None:
-        self.offsets: list[int] = []
-        self.captured: list[int] = []
-        self.linktypes: list[int] = []
+        self.offsets: _Ints = np.zeros(0, np.int64)
+        self.captured: _Ints = np.zeros(0, np.int64)
+        self.linktypes: _Ints = np.zeros(0, np.int64)
         self.stamps: _Ints = np.zeros(0, np.int64)
         self.truncated = False
 
@@ -97,7 +97,8 @@ def _walk_pcap(mm: mmap.mmap) -> _Table | None:
     linktype = struct.unpack_from(order + "I", mm, 20)[0] & 0x0FFFFFFF
     record = struct.Struct(order + "IIII")
     table = _Table()
-    offsets, captured = table.offsets, table.captured
+    offsets: list[int] = []
+    captured: list[int] = []
     seconds: list[int] = []
     fractions: list[int] = []
     pos = 24
@@ -114,7 +115,9 @@ def _walk_pcap(mm: mmap.mmap) -> _Table | None:
         seconds.append(second)
         fractions.append(fraction)
         pos += 16 + length
-    table.linktypes = [linktype] * len(offsets)
+    table.offsets = np.array(offsets, np.int64)
+    table.captured = np.array(captured, np.int64)
+    table.linktypes = np.full(len(offsets), linktype, np.int64)
     table.stamps = np.array(seconds, np.int64) * _NS + np.array(fractions, np.int64) * (1 if nano else 1000)
     return table
 
@@ -176,9 +179,9 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     shifts = np.array([iface.offset_s for iface in interfaces], np.int64)[ids]
     if highs.size and int(highs.max()) >= 2**31 // int(units.max()):
         return None  # beyond int64 nanoseconds: exact integers per packet instead
-    table.offsets = (at * 4 + 28).tolist()
-    table.captured = captured.tolist()
-    table.linktypes = linktypes.tolist()
+    table.offsets = at * 4 + 28
+    table.captured = captured
+    table.linktypes = linktypes
     table.stamps = ((highs << 32) | lows) * units + shifts * _NS
     return table
 
@@ -285,9 +288,9 @@ def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[Pac
 
 
 def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats) -> PacketColumns:
-    offsets = np.array(table.offsets[first:stop], np.int64)
-    captured = np.array(table.captured[first:stop], np.int64)
-    linktypes = np.array(table.linktypes[first:stop], np.int64)
+    offsets = table.offsets[first:stop]
+    captured = table.captured[first:stop]
+    linktypes = table.linktypes[first:stop]
     count = len(offsets)
     data = np.frombuffer(mm, np.uint8)
     fast = np.zeros(count, bool)
@@ -331,9 +334,9 @@ def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: P
         parsed = set(rows.tolist())
         for row in range(count):
             if row not in parsed:
-                at, size = table.offsets[first + row], table.captured[first + row]
+                at, size = int(offsets[row]), int(captured[row])
                 segment = _parse(
-                    first + row, int(stamps[row]), table.linktypes[first + row], mm[at : at + size], stats
+                    first + row, int(stamps[row]), int(linktypes[row]), mm[at : at + size], stats
                 )
                 if segment is not None:
                     others.append(segment)
