@@ -25,7 +25,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from corrfix.capture.pcap import _arrays as arrays
-from corrfix.capture.pcap._packet_table import PacketColumns
+from corrfix.capture.pcap._packet_table import PacketColumns, big_endian
 from corrfix.capture.pcap._packets import TH_ACK, TH_FIN, TH_RST, TH_SYN, format_address
 from protocol import MIN_REQUEST_SIZE, SIZE_PREFIX
 
@@ -116,24 +116,23 @@ def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame
         columns.dst[oriented] << 16 | columns.dport[oriented],
         columns.src[oriented] << 16 | columns.sport[oriented],
     )
-    clients, client_number = np.unique(client, return_inverse=True)
+    # One number per connection (client and server), then one stable sort: its packets in file order.
     servers, server_number = np.unique(server, return_inverse=True)
     width = len(servers)
-    pairs, group = np.unique(
-        client_number.reshape(-1) * width + server_number.reshape(-1), return_inverse=True
-    )
-    group = group.reshape(-1)
-    order = np.argsort(group, kind="stable")
-    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    if width >= 1 << 15:  # client endpoints take 48 bits: number them too, so the product fits
+        clients, client_number = np.unique(client, return_inverse=True)
+    else:
+        clients, client_number = None, client
+    key = client_number.reshape(-1) * width + server_number.reshape(-1)
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
     mixed = _keys_with_other_packets(columns, kafka_ports)
     rest = [np.flatnonzero(~(to_kafka ^ from_kafka))]
     for members in np.split(order, bounds):
         rows = oriented[members]
-        pair = int(pairs[group[members[0]]])
-        endpoints = (
-            _endpoint(columns, int(clients[pair // width])),
-            _endpoint(columns, int(servers[pair % width])),
-        )
+        pair = int(key[members[0]])
+        packed_client = pair // width if clients is None else int(clients[pair // width])
+        endpoints = (_endpoint(columns, packed_client), _endpoint(columns, int(servers[pair % width])))
         clean = None
         if len(rows) >= MIN_PACKETS and endpoints not in mixed:
             clean = _connection(columns, rows, up[members], endpoints, max_frame_size)
@@ -265,7 +264,7 @@ def _one_frame_per_packet(data: bytes, lengths: _Ints, smallest: int, largest: i
     starts = np.cumsum(lengths) - lengths
     if not len(starts) or (lengths < SIZE_PREFIX).any():
         return None
-    sizes = _int(np.frombuffer(data, np.uint8), starts, SIZE_PREFIX)
+    sizes = big_endian(data, starts, SIZE_PREFIX, signed=True)
     if ((sizes + SIZE_PREFIX) != lengths).any() or (sizes < smallest).any() or (sizes > largest).any():
         return None
     return starts
@@ -311,12 +310,11 @@ def _rows(
     is_request, done, number = is_request[order], done[order], number[order]
     frame_ts = np.concatenate([request_ts, response_ts])[order]
 
-    request_bytes = np.frombuffer(requests.data, np.uint8)
     at = requests.starts + SIZE_PREFIX
-    keys = _int(request_bytes, at, 2)
-    versions = _int(request_bytes, at + 2, 2)
-    request_ids = _int(request_bytes, at + 4, 4)
-    response_ids = _int(np.frombuffer(responses.data, np.uint8), responses.starts + SIZE_PREFIX, 4)
+    keys = big_endian(requests.data, at, 2, signed=True)
+    versions = big_endian(requests.data, at + 2, 2, signed=True)
+    request_ids = big_endian(requests.data, at + 4, 4, signed=True)
+    response_ids = big_endian(responses.data, responses.starts + SIZE_PREFIX, 4, signed=True)
     lengths = np.concatenate(
         [
             np.diff(np.append(requests.starts, len(requests.data))),
@@ -370,15 +368,6 @@ def _rows(
         responses=n_responses,
         unmatched=int(np.count_nonzero(unmatched)),
     )
-
-
-def _int(data: npt.NDArray[np.uint8], at: _Ints, width: int) -> _Ints:
-    """Signed big-endian integers of ``width`` bytes at these offsets."""
-    value = np.zeros(len(at), np.int64)
-    for i in range(width):
-        value = value << 8 | data[at + i]
-    sign = 1 << (8 * width - 1)
-    return (value ^ sign) - sign
 
 
 def _match_unique(

@@ -287,6 +287,17 @@ def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[Pac
         yield PacketColumns(mm, **columns, addresses=addresses, others=others)
 
 
+def big_endian(buffer: mmap.mmap | bytes, at: _Ints, width: int, signed: bool = False) -> _Ints:
+    """The big-endian integers of ``width`` bytes (2 or 4) at these offsets of ``buffer``: one
+    gather from a view that starts an integer at every byte."""
+    dtype = np.dtype((">i" if signed else ">u") + str(width))
+    count = len(buffer) - width + 1
+    if count <= 0:
+        return np.zeros(len(at), np.int64)
+    every = np.ndarray((count,), dtype, buffer=buffer, strides=(1,))
+    return every[at].astype(np.int64)
+
+
 def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats) -> PacketColumns:
     offsets = table.offsets[first:stop]
     captured = table.captured[first:stop]
@@ -305,21 +316,19 @@ def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: P
         ip[mine] = offsets[mine] + at
     rows = np.flatnonzero(fast)
     base = ip[rows]
-    # The headers' first bytes of every packet at once, one row each; fields are read from columns.
-    headers = data[base[:, None] + np.arange(_IPV4_TCP_SIZE)]
 
     def u8(at: int) -> _Ints:
-        return headers[:, at].astype(np.int64)
+        return data[base + at].astype(np.int64)
 
     def u16(at: int) -> _Ints:
-        return headers[:, at : at + 2].copy().view(">u2")[:, 0].astype(np.int64)
+        return big_endian(mm, base + at, 2)
 
     def u32(at: int) -> _Ints:
-        return headers[:, at : at + 4].copy().view(">u4")[:, 0].astype(np.int64)
+        return big_endian(mm, base + at, 4)
 
     tcp_offset = u8(32)
     ok = (u8(0) == 0x45) & (u8(9) == _PROTO_TCP) & ((u16(6) & 0x3FFF) == 0) & (tcp_offset >= 0x50)
-    rows, base, tcp_offset, headers = rows[ok], base[ok], tcp_offset[ok], headers[ok]
+    rows, base, tcp_offset = rows[ok], base[ok], tcp_offset[ok]
     total = u16(2)
     start = base + 20 + (tcp_offset >> 4) * 4
     ends = offsets[rows] + captured[rows]
