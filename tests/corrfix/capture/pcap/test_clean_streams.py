@@ -17,6 +17,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,7 +73,8 @@ exchanges = st.lists(
 DAMAGES = ["none"] * 6 + ["drop", "duplicate", "swap", "midstream", "snap", "no_fin", "rst", "ack_ahead"]
 plans = st.builds(
     Plan,
-    port=st.sampled_from([40001, 40002, 40003]),
+    # 9092: both ends on the Kafka port; a server on 9093: no Kafka port (other traffic).
+    port=st.sampled_from([40001, 40002, 40003, 9092, -40004]),
     exchanges=exchanges,
     mss=st.integers(1, 400),
     damage=st.sampled_from(DAMAGES),
@@ -82,7 +84,8 @@ plans = st.builds(
 
 def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
     """The connection's segments (without times nor indexes), damaged as planned."""
-    tcp = TcpSession(client=("10.1.0.1", plan.port), server=SERVER, mss=plan.mss)
+    server = (SERVER[0], 9093) if plan.port < 0 else SERVER
+    tcp = TcpSession(client=("10.1.0.1", abs(plan.port)), server=server, mss=plan.mss)
     out = tcp.handshake()
     for request, response in plan.exchanges:
         out += tcp.send(True, request, with_ack=True)
@@ -194,3 +197,22 @@ def test_short_connections_are_left_to_the_per_segment_path(tmp_path):
     with packet_columns(pcap) as columns:
         assert columns is not None
         assert not _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20).connections
+
+
+def test_a_connection_with_a_packet_the_per_packet_parser_read_is_left_to_it(every_connection_size, tmp_path):
+    """IPv6, IP options, other link layers: such packets are not in the numpy columns, so
+    their connection cannot be checked whole."""
+    exchanges = [(_request(0, 7, i, bytes(50)), _response(i, bytes(20))) for i in range(10)]
+    segments = _capture([Plan(40001, exchanges, 64, "none", 0)], random.Random(3))
+    pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
+    from corrfix.capture.pcap._packet_table import packet_columns
+
+    with packet_columns(pcap) as columns:
+        assert columns is not None
+        assert _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20).connections
+        keep = np.flatnonzero(columns.index != 5)
+        partial = columns.select(keep)
+        partial.others = [segments[5]]
+        found = _clean_streams.import_clean(partial, [SERVER[1]], 1 << 20)
+        assert not found.connections
+        assert len(found.rest) == len(keep)
