@@ -32,28 +32,12 @@ def indices(values: _Ints) -> pa.Array:
 def strings(values: Sequence[str | None], codes: _Ints) -> pa.Array:
     """``values[codes[i]]`` for each ``i``, as a string array (a None value is null)."""
     encoded = [b"" if value is None else value.encode() for value in values]
-    absent = np.array([value is None for value in values], bool)
-    sizes = np.array([len(e) for e in encoded], np.int64)
-    lengths = sizes[codes]
-    offsets = np.zeros(len(codes) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    widest = int(sizes.max(initial=0))
-    runs = np.flatnonzero(codes[1:] != codes[:-1]) + 1 if len(codes) else codes
-    if len(runs) < len(codes) // 32:  # long runs of one value (one connection's rows): repeated
-        firsts = np.concatenate([[0], runs]) if len(codes) else runs
-        counts = np.diff(np.append(firsts, len(codes)))
-        data = np.frombuffer(
-            b"".join(encoded[c] * n for c, n in zip(codes[firsts].tolist(), counts.tolist(), strict=True)),
-            np.uint8,
-        )
-    else:  # every value padded to the widest, one row per string, the padding left out
-        table = np.zeros((len(encoded), widest), np.uint8)
-        for row, value in enumerate(encoded):
-            table[row, : len(value)] = np.frombuffer(value, np.uint8)
-        data = table[codes][np.arange(widest) < lengths[:, None]]
-    validity, nulls = _validity(absent[codes], len(codes))
-    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(codes), buffers, null_count=nulls)
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    validity, nulls = _validity(np.array([value is None for value in values], bool), len(values))
+    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    distinct = pa.Array.from_buffers(pa.string(), len(values), buffers, null_count=nulls)
+    return distinct.take(indices(codes))
 
 
 def binary(data: bytes, starts: _Ints) -> pa.Array:

@@ -279,6 +279,9 @@ def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[Pac
         stats.truncated_file = table.truncated
         if not chunks:
             chunks = [_chunk_columns(mm, table, 0, 0, stats)]
+        if len(chunks) == 1:
+            yield chunks[0]
+            return
         addresses: dict[int, str] = {}
         for chunk in chunks:
             addresses.update(chunk.addresses)
