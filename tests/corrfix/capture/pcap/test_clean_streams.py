@@ -39,6 +39,7 @@ class Plan:
     mss: int
     damage: str
     where: int
+    isn: int = 1000  # the client's first sequence number; the server's is 5,000,000 further
 
 
 def _request(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
@@ -79,13 +80,20 @@ plans = st.builds(
     mss=st.integers(1, 400),
     damage=st.sampled_from(DAMAGES),
     where=st.integers(0, 10_000),
+    isn=st.sampled_from([1000, 2**32 - 700, 2**32 - 5_000_300]),  # sequence numbers that wrap
 )
 
 
 def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
     """The connection's segments (without times nor indexes), damaged as planned."""
     server = (SERVER[0], 9093) if plan.port < 0 else SERVER
-    tcp = TcpSession(client=("10.1.0.1", abs(plan.port)), server=server, mss=plan.mss)
+    tcp = TcpSession(
+        client=("10.1.0.1", abs(plan.port)),
+        server=server,
+        client_isn=plan.isn,
+        server_isn=(plan.isn + 5_000_000) % (1 << 32),
+        mss=plan.mss,
+    )
     out = tcp.handshake()
     for request, response in plan.exchanges:
         out += tcp.send(True, request, with_ack=True)
@@ -99,7 +107,7 @@ def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
     for seg in out:
         src, dst = (tcp.client, tcp.server) if seg.from_client else (tcp.server, tcp.client)
         flags = seg.flags
-        ack = seg.ack
+        ack = seg.ack % (1 << 32)  # the session's handshake and FIN do not wrap their numbers
         if (
             plan.damage == "ack_ahead"
             and seg.payload
@@ -109,7 +117,17 @@ def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
             ack = (ack + 1000) % (1 << 32)
         segments.append(
             TcpSegment(
-                0, 0, src[0], src[1], dst[0], dst[1], seg.seq, ack, flags, seg.payload, len(seg.payload)
+                0,
+                0,
+                src[0],
+                src[1],
+                dst[0],
+                dst[1],
+                seg.seq % (1 << 32),
+                ack,
+                flags,
+                seg.payload,
+                len(seg.payload),
             )
         )
     at = plan.where % len(segments)
