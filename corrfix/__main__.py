@@ -2,6 +2,6 @@
 
 import sys
 
-from corrfix._cli import main
+from corrfix._main import main
 
 sys.exit(main())

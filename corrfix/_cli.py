@@ -15,6 +15,7 @@ import structlog
 import trio
 
 from corrfix import _argtypes as argtypes
+from corrfix._main import add_common as _add_common
 from corrfix._version import VersionAction
 from corrfix.core import Address, BrokerPorts, RepairConfig
 from corrfix.proxy import (
@@ -45,13 +46,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("corrfix")
 DRAIN_TIMEOUT = 30.0
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
-    )
 
 
 def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -1,8 +1,10 @@
 """The Arrow IPC stream files of one capture: naming, appending batches, rotation.
 
-Each file is a complete Arrow IPC stream with the capture's schema. Batches are written
-straight to the OS (no user-space buffer), so a reader sees every whole batch at once; a
-file is finished with the end-of-stream marker when it rotates or the capture closes.
+Each file is a complete Arrow IPC stream with the capture's schema. Each batch is
+gathered in a user-space buffer and handed to the OS in one write before ``write``
+returns (rather than one write per Arrow buffer, dozens per batch), so a reader sees every
+whole batch at once; a file is finished with the end-of-stream marker when it rotates or
+the capture closes.
 Names sort in time order: the capture's start time (UTC), its id, then a file counter.
 """
 
@@ -18,6 +20,8 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from corrfix.capture.format import FILE_SUFFIX
+
+_BUFFER_BYTES = 1 << 20  # a batch larger than this goes out in more than one write
 
 
 def capture_stem(capture_id: str, started_wall_ns: int) -> str:
@@ -59,6 +63,7 @@ class CaptureFiles:
         assert self._writer is not None and self._sink is not None
         before = self._sink.tell()
         self._writer.write_batch(batch)
+        self._sink.flush()
         size = self._sink.tell()
         self.bytes_written += size - before
         if size >= self.rotate_bytes:
@@ -88,9 +93,10 @@ class CaptureFiles:
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.stem}-{len(self.files) + 1:06d}{FILE_SUFFIX}"
-        sink = pa.OSFile(str(path), "wb")
+        sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), _BUFFER_BYTES)
         try:
             self._writer = pa.ipc.new_stream(sink, self.schema)
+            sink.flush()
         except BaseException:
             sink.close()
             raise

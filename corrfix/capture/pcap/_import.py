@@ -32,11 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
-from corrfix.capture.pcap._packet_table import read_segments
+from corrfix.capture.pcap import _arrays as arrays
+from corrfix.capture.pcap._clean_streams import AT_END, clean_columns, import_clean
+from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
     WireCaptureSummary,
@@ -56,7 +60,8 @@ from corrfix.capture.pcap._wire_frames import (
 from protocol import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, request_header_end
 
 DEFAULT_KAFKA_PORT = 9092
-_FRAME, _CLIENT = RowKind.FRAME.value, "client"
+_FRAME, _CLIENT, _OPEN = RowKind.FRAME.value, "client", RowKind.OPEN.value
+_CLEAN_PATH_MAX_BYTES = 2 * 1024**3  # larger pcaps stream segment by segment (the clean path holds all rows)
 _FRAME_KEYS = (
     "connection_id",
     "seq",
@@ -153,19 +158,7 @@ class CaptureRowWriter:
     def flush(self) -> None:
         if not self._pending:
             return
-        if self._files is None:
-            started = self._pending[0]["wall_ns"]
-            stem = file_stem(self.capture_id, started)
-            self._files = CaptureFiles(
-                self.directory, stem, self.schema, rotate_bytes=_ROTATE_BYTES, rotate_seconds=math.inf
-            )
-            self._summary = WireCaptureSummary(
-                self.capture_id,
-                Source.WIRE.value,
-                started,
-                pcap_name=self.pcap_name,
-                pcap_sha256=self.pcap_sha256,
-            )
+        files = self._open(self._pending[0]["wall_ns"])
         pending, schema = self._pending, self.schema
         # Column by column: RecordBatch.from_pylist costs three times as much (and imports pandas).
         constant = {"capture_id": self.capture_id, "source": Source.WIRE.value}
@@ -178,8 +171,51 @@ class CaptureRowWriter:
             for name, f in self._fields
         ]
         self._keys = set(_FRAME_KEYS)
-        self._files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
+        files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
         self._pending = []
+
+    def write_columns(self, columns: dict[str, pa.Array], order: npt.NDArray[np.int64], started: int) -> None:
+        """Rows given as columns (those rows set; the capture id and source are added), taken
+        in ``order``: in batches of ``batch_rows``, as if written one by one. ``started``: the
+        time of the first row in that order."""
+        self.flush()
+        if not len(order):
+            return
+        files = self._open(int(started))
+        total = len(columns["wall_ns"])
+        constant = {"capture_id": self.capture_id, "source": Source.WIRE.value}
+        rows = pa.RecordBatch.from_arrays(
+            [
+                columns[name]
+                if name in columns
+                else arrays.strings([constant[name]], np.zeros(total, np.int64))
+                if name in constant
+                else pa.nulls(total, f.type)
+                for name, f in self._fields
+            ],
+            schema=self.schema,
+        )
+        # Taken batch by batch: a slice would write its parent's buffers, so other bytes.
+        for first in range(0, len(order), self.batch_rows):
+            taken = rows.take(arrays.indices(order[first : first + self.batch_rows]))
+            files.write(taken)
+            self.rows += taken.num_rows
+
+    def _open(self, started: int) -> CaptureFiles:
+        """The capture's files, named after the time of its first row."""
+        if self._files is None:
+            stem = file_stem(self.capture_id, started)
+            self._files = CaptureFiles(
+                self.directory, stem, self.schema, rotate_bytes=_ROTATE_BYTES, rotate_seconds=math.inf
+            )
+            self._summary = WireCaptureSummary(
+                self.capture_id,
+                Source.WIRE.value,
+                started,
+                pcap_name=self.pcap_name,
+                pcap_sha256=self.pcap_sha256,
+            )
+        return self._files
 
     def close(self) -> None:
         self.flush()
@@ -543,8 +579,12 @@ def import_pcap(
     *,
     capture_id: str | None = None,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    clean_path: bool = True,
 ) -> ImportStats:
     """Convert a pcap/pcapng file into a capture in ``out_dir`` (created if needed).
+
+    Clean connections are imported whole (:mod:`._clean_streams`) unless ``clean_path`` is
+    False; every other one segment by segment. The rows are the same either way.
 
     The default capture id is derived from the file's content. A pcap whose content was
     already imported into ``out_dir`` is not imported again: the stats say so in
@@ -561,11 +601,18 @@ def import_pcap(
     packet_stats = PacketStats()
     writer = CaptureRowWriter(out_dir, capture_id, pcap_name=source.name, pcap_sha256=sha256)
     try:
-        for segment in read_segments(source, packet_stats):
-            for row in importer.segment(segment):
+        done = False
+        if clean_path and source.stat().st_size <= _CLEAN_PATH_MAX_BYTES:
+            with packet_columns(source, packet_stats) as table:
+                if table is not None:
+                    _import_columns(table, importer, writer, max_frame_size)
+                    done = True
+        if not done:
+            for segment in read_segments(source, packet_stats):
+                for row in importer.segment(segment):
+                    writer.write(row)
+            for row in importer.finish():
                 writer.write(row)
-        for row in importer.finish():
-            writer.write(row)
     finally:
         writer.close()
     stats = importer.stats
@@ -578,3 +625,56 @@ def import_pcap(
     stats.ip_fragments = packet_stats.fragments
     stats.truncated_file = packet_stats.truncated_file
     return stats
+
+
+def _import_columns(
+    table: PacketColumns, importer: WireImporter, writer: CaptureRowWriter, max_frame_size: int
+) -> None:
+    """Clean connections whole, the other segments through ``importer``; rows merged into the
+    order the importer alone would have written them (see :class:`._clean_streams.RowColumns`)."""
+    clean = import_clean(table, importer.kafka_ports, max_frame_size)
+    rest = table.select(clean.rest)
+    rest.others = table.others
+    rows: list[Row] = []
+    packet: list[int] = []
+    opened: list[int] = []
+    rank: list[int] = []
+    opened_at: dict[str, int] = {}
+    for segment in rest.segments():
+        for n, row in enumerate(importer.segment(segment)):
+            if row["kind"] == _OPEN:
+                opened_at[row["connection_id"]] = segment.index
+            rows.append(row)
+            packet.append(segment.index)
+            rank.append(n)
+        opened += [0] * (len(rows) - len(opened))
+    for n, row in enumerate(importer.finish()):
+        rows.append(row)
+        packet.append(AT_END)
+        opened.append(opened_at[row["connection_id"]])
+        rank.append(n)
+    stats = importer.stats
+    stats.kafka_segments += clean.kafka_segments
+    stats.connections += len(clean.connections)
+    stats.requests += sum(c.requests for c in clean.connections)
+    stats.responses += sum(c.responses for c in clean.connections)
+    stats.unmatched_responses += sum(c.unmatched for c in clean.connections)
+    fast = clean_columns(clean.connections)
+    columns = fast.columns
+    if rows:
+        columns = {
+            f.name: pa.concat_arrays([columns[f.name], pa.array([row.get(f.name) for row in rows], f.type)])
+            for f in writer.schema
+            if f.name in columns
+        }
+    order = np.lexsort(
+        (
+            np.concatenate([fast.rank, np.array(rank, np.int64)]),
+            np.concatenate([fast.opened, np.array(opened, np.int64)]),
+            np.concatenate([fast.packet, np.array(packet, np.int64)]),
+        )
+    )
+    if len(order):
+        first = int(order[0])
+        started = fast.ts_ns[first] if first < len(fast.ts_ns) else rows[first - len(fast.ts_ns)]["wall_ns"]
+        writer.write_columns(columns, order, started)

@@ -12,10 +12,13 @@ by the per-packet reader from the start, so the segments are always the same.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import heapq
 import mmap
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dpkt
@@ -53,9 +56,9 @@ class _Table:
     """Per packet: where its bytes start in the file, how many were captured, link type, time."""
 
     def __init__(self) -> None:
-        self.offsets: list[int] = []
-        self.captured: list[int] = []
-        self.linktypes: list[int] = []
+        self.offsets: _Ints = np.zeros(0, np.int64)
+        self.captured: _Ints = np.zeros(0, np.int64)
+        self.linktypes: _Ints = np.zeros(0, np.int64)
         self.stamps: _Ints = np.zeros(0, np.int64)
         self.truncated = False
 
@@ -94,7 +97,8 @@ def _walk_pcap(mm: mmap.mmap) -> _Table | None:
     linktype = struct.unpack_from(order + "I", mm, 20)[0] & 0x0FFFFFFF
     record = struct.Struct(order + "IIII")
     table = _Table()
-    offsets, captured = table.offsets, table.captured
+    offsets: list[int] = []
+    captured: list[int] = []
     seconds: list[int] = []
     fractions: list[int] = []
     pos = 24
@@ -111,7 +115,9 @@ def _walk_pcap(mm: mmap.mmap) -> _Table | None:
         seconds.append(second)
         fractions.append(fraction)
         pos += 16 + length
-    table.linktypes = [linktype] * len(offsets)
+    table.offsets = np.array(offsets, np.int64)
+    table.captured = np.array(captured, np.int64)
+    table.linktypes = np.full(len(offsets), linktype, np.int64)
     table.stamps = np.array(seconds, np.int64) * _NS + np.array(fractions, np.int64) * (1 if nano else 1000)
     return table
 
@@ -127,37 +133,44 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     if first < 12 or first > size or first % 4:
         return None
     cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
-    interfaces: list[_Interface] = []
     table = _Table()
-    blocks: list[int] = []  # where each enhanced packet block starts
-    seen: list[int] = []  # how many interfaces were described by then
-    read = header.unpack_from
+    # Chain the blocks by their lengths (the only step that must go block by block), up to the
+    # first whose length is broken; then sort them by type all at once.
+    read_length = struct.Struct(order + "I").unpack_from
+    starts: list[int] = []
+    append = starts.append
     pos = first
     while pos + 8 <= size:
-        block_type, length = read(mm, pos)
-        if block_type == _PCAPNG_EPB and length >= 28 and pos + length <= size:
-            blocks.append(pos)
-            seen.append(len(interfaces))
-        elif block_type == _SHB or length < 8:
-            return None  # another section, or a broken length: the per-packet reader decides
-        elif length < 12 or pos + length > size:
+        length = read_length(mm, pos + 4)[0]
+        if length < 12 or length % 4 or pos + length > size:
+            block_type = read_length(mm, pos)[0]
+            if block_type == _SHB or length < 8 or not (length < 12 or pos + length > size):
+                return None  # another section, a broken or unaligned length: the per-packet reader decides
             table.truncated = True
             break
-        elif block_type == _PCAPNG_IDB:
-            iface = _interface(cls(mm[pos : pos + length]), order)
-            if _NS % iface.units_per_second:
-                return None
-            interfaces.append(iface)
-        elif block_type in (_PCAPNG_PB, _PCAPNG_SPB) or (block_type == _PCAPNG_EPB and length < 28):
-            return None
-        if length % 4:
-            return None  # blocks are 32-bit aligned; the words below are read so
+        append(pos)
         pos += length
     words = np.frombuffer(mm, np.dtype(order + "u4"), count=size // 4)
-    at = np.array(blocks, np.int64) // 4
+    at_all = np.array(starts, np.int64) // 4
+    types, lengths_all = words[at_all], words[at_all + 1]
+    if ((types == _SHB) | (types == _PCAPNG_PB) | (types == _PCAPNG_SPB)).any():
+        return None
+    if ((types == _PCAPNG_EPB) & (lengths_all < 28)).any():
+        return None
+    is_idb = types == _PCAPNG_IDB
+    interfaces: list[_Interface] = []
+    for at in at_all[is_idb].tolist():
+        iface = _interface(cls(mm[at * 4 : at * 4 + int(words[at + 1])]), order)
+        if _NS % iface.units_per_second:
+            return None
+        interfaces.append(iface)
+    is_epb = types == _PCAPNG_EPB
+    blocks = at_all[is_epb] * 4  # where each enhanced packet block starts
+    seen = np.cumsum(is_idb)[is_epb]  # how many interfaces were described by then
+    at = blocks // 4
     ids, highs, lows, captured = (words[at + n].astype(np.int64) for n in (2, 3, 4, 5))
     lengths = words[at + 1].astype(np.int64)
-    keep = (ids < np.array(seen, np.int64)) & (20 + captured <= lengths - 8)
+    keep = (ids < seen) & (20 + captured <= lengths - 8)
     at, ids, highs, lows, captured = at[keep], ids[keep], highs[keep], lows[keep], captured[keep]
     if not interfaces:
         return table
@@ -166,9 +179,9 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     shifts = np.array([iface.offset_s for iface in interfaces], np.int64)[ids]
     if highs.size and int(highs.max()) >= 2**31 // int(units.max()):
         return None  # beyond int64 nanoseconds: exact integers per packet instead
-    table.offsets = (at * 4 + 28).tolist()
-    table.captured = captured.tolist()
-    table.linktypes = linktypes.tolist()
+    table.offsets = at * 4 + 28
+    table.captured = captured
+    table.linktypes = linktypes
     table.stamps = ((highs << 32) | lows) * units + shifts * _NS
     return table
 
@@ -176,16 +189,122 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
 def _segments(mm: mmap.mmap, table: _Table, stats: PacketStats) -> Iterator[TcpSegment]:
     """The table's segments, a chunk of packets at a time (the payloads are copies)."""
     for first in range(0, len(table.offsets), _CHUNK):
-        segments = _chunk(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
-        yield from [segment for segment in segments if segment is not None]
+        yield from _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats).segments()
 
 
-def _chunk(
-    mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats
-) -> list[TcpSegment | None]:
-    offsets = np.array(table.offsets[first:stop], np.int64)
-    captured = np.array(table.captured[first:stop], np.int64)
-    linktypes = np.array(table.linktypes[first:stop], np.int64)
+@dataclass(slots=True)
+class PacketColumns:
+    """TCP segments as columns: one entry per packet the numpy pass read (``index`` is the
+    packet's number in the file), payloads as ``[start, stop)`` ranges of ``data``; the
+    segments of the other packets, made by the per-packet parser, in ``others``."""
+
+    data: mmap.mmap
+    index: _Ints
+    ts_ns: _Ints
+    src: _Ints  # IPv4 addresses as numbers; ``addresses`` names them
+    sport: _Ints
+    dst: _Ints
+    dport: _Ints
+    seq: _Ints
+    ack: _Ints
+    flags: _Ints
+    start: _Ints
+    stop: _Ints
+    length: _Ints
+    addresses: dict[int, str]
+    others: list[TcpSegment]
+
+    def segments(self) -> list[TcpSegment]:
+        """All segments, as :func:`read_segments` gives them (payloads copied), in file order."""
+        made = map(
+            _new_segment,
+            zip(
+                self.index.tolist(),
+                self.ts_ns.tolist(),
+                list(map(self.addresses.__getitem__, self.src.tolist())),
+                self.sport.tolist(),
+                list(map(self.addresses.__getitem__, self.dst.tolist())),
+                self.dport.tolist(),
+                self.seq.tolist(),
+                self.ack.tolist(),
+                self.flags.tolist(),
+                list(map(self.data.__getitem__, map(slice, self.start.tolist(), self.stop.tolist()))),
+                self.length.tolist(),
+                strict=True,
+            ),
+        )
+        if not self.others:
+            return list(made)
+        return list(heapq.merge(made, self.others))  # by packet index, the first field
+
+    def select(self, rows: _Ints) -> PacketColumns:
+        """The segments at these positions of the columns (``others`` left out)."""
+        columns = {name: getattr(self, name)[rows] for name in _COLUMNS}
+        return PacketColumns(self.data, **columns, addresses=self.addresses, others=[])
+
+
+_COLUMNS = (
+    "index",
+    "ts_ns",
+    "src",
+    "sport",
+    "dst",
+    "dport",
+    "seq",
+    "ack",
+    "flags",
+    "start",
+    "stop",
+    "length",
+)
+
+
+@contextlib.contextmanager
+def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[PacketColumns | None]:
+    """Every TCP segment of a pcap or pcapng file as :class:`PacketColumns`, the file mapped
+    while the context lasts; None when only the per-packet reader can read this file."""
+    stats = stats if stats is not None else PacketStats()
+    if path.stat().st_size == 0:
+        yield None
+        return
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        table = _walk(mm)
+        if table is None:
+            yield None
+            return
+        chunks = [
+            _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
+            for first in range(0, len(table.offsets), _CHUNK)
+        ]
+        stats.truncated_file = table.truncated
+        if not chunks:
+            chunks = [_chunk_columns(mm, table, 0, 0, stats)]
+        if len(chunks) == 1:
+            yield chunks[0]
+            return
+        addresses: dict[int, str] = {}
+        for chunk in chunks:
+            addresses.update(chunk.addresses)
+        columns = {name: np.concatenate([getattr(c, name) for c in chunks]) for name in _COLUMNS}
+        others = [segment for chunk in chunks for segment in chunk.others]
+        yield PacketColumns(mm, **columns, addresses=addresses, others=others)
+
+
+def big_endian(buffer: mmap.mmap | bytes, at: _Ints, width: int, signed: bool = False) -> _Ints:
+    """The big-endian integers of ``width`` bytes (2 or 4) at these offsets of ``buffer``: one
+    gather from a view that starts an integer at every byte."""
+    dtype = np.dtype((">i" if signed else ">u") + str(width))
+    count = len(buffer) - width + 1
+    if count <= 0:
+        return np.zeros(len(at), np.int64)
+    every = np.ndarray((count,), dtype, buffer=buffer, strides=(1,))
+    return every[at].astype(np.int64)
+
+
+def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats) -> PacketColumns:
+    offsets = table.offsets[first:stop]
+    captured = table.captured[first:stop]
+    linktypes = table.linktypes[first:stop]
     count = len(offsets)
     data = np.frombuffer(mm, np.uint8)
     fast = np.zeros(count, bool)
@@ -205,10 +324,10 @@ def _chunk(
         return data[base + at].astype(np.int64)
 
     def u16(at: int) -> _Ints:
-        return (u8(at) << 8) | u8(at + 1)
+        return big_endian(mm, base + at, 2)
 
     def u32(at: int) -> _Ints:
-        return (u16(at) << 16) | u16(at + 2)
+        return big_endian(mm, base + at, 4)
 
     tcp_offset = u8(32)
     ok = (u8(0) == 0x45) & (u8(9) == _PROTO_TCP) & ((u16(6) & 0x3FFF) == 0) & (tcp_offset >= 0x50)
@@ -222,40 +341,34 @@ def _chunk(
     src, dst = u32(12), u32(16)
     addresses = {v: _address(v.to_bytes(4, "big")) for v in np.unique(np.concatenate([src, dst])).tolist()}
     stamps = table.stamps[first:stop]
-    # Made by C calls only (zip, map, tuple.__new__): a Python call per packet cost more than the rest.
-    made = map(
-        _new_segment,
-        zip(
-            (rows + first).tolist(),
-            stamps[rows].tolist(),
-            list(map(addresses.__getitem__, src.tolist())),
-            u16(20).tolist(),
-            list(map(addresses.__getitem__, dst.tolist())),
-            u16(22).tolist(),
-            u32(24).tolist(),
-            u32(28).tolist(),
-            u8(33).tolist(),
-            list(map(mm.__getitem__, map(slice, start.tolist(), payload_end.tolist()))),
-            length.tolist(),
-            strict=True,
-        ),
-    )
-    if len(rows) == count:
-        segments: list[TcpSegment | None] = list(made)
-    else:
-        segments = [None] * count
-        for row, segment in zip(rows.tolist(), made, strict=True):
-            segments[row] = segment
+    others: list[TcpSegment] = []
     if len(rows) < count:
         parsed = set(rows.tolist())
         for row in range(count):
             if row not in parsed:
-                at, size = table.offsets[first + row], table.captured[first + row]
-                segments[row] = _parse(
-                    first + row, int(stamps[row]), table.linktypes[first + row], mm[at : at + size], stats
+                at, size = int(offsets[row]), int(captured[row])
+                segment = _parse(
+                    first + row, int(stamps[row]), int(linktypes[row]), mm[at : at + size], stats
                 )
-    tcp = sum(segment is not None for segment in segments)
+                if segment is not None:
+                    others.append(segment)
     stats.packets += count
-    stats.tcp += tcp
-    stats.not_tcp += count - tcp
-    return segments
+    stats.tcp += len(rows) + len(others)
+    stats.not_tcp += count - len(rows) - len(others)
+    return PacketColumns(
+        mm,
+        rows + first,
+        stamps[rows],
+        src,
+        u16(20),
+        dst,
+        u16(22),
+        u32(24),
+        u32(28),
+        u8(33),
+        start,
+        payload_end,
+        length,
+        addresses,
+        others,
+    )

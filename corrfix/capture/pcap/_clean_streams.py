@@ -1,0 +1,529 @@
+"""Clean TCP connections imported whole: one walk per direction instead of one step per segment.
+
+Most connections of a capture are clean: they start with the handshake, each direction's
+segments come in order and back to back (the next one starts where the last ended), none
+is retransmitted, cut by the snap length or acknowledged before it was captured, and each
+direction ends on a frame boundary. For such a connection the per-segment path
+(:class:`._import.WireConnection`) can do nothing but frame each direction from its first
+byte on, so here the direction's payloads are joined once and framed in one walk; frame
+times and row order come from where each frame starts and ends among the packets.
+
+Every condition is checked for all the connection's packets at once (numpy), and a
+connection that misses one goes through the per-segment path, which stays the reference:
+the rows made here are the rows it would make, in its order (checked by the tests).
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from corrfix.capture.pcap import _arrays as arrays
+from corrfix.capture.pcap._packet_table import PacketColumns, big_endian
+from corrfix.capture.pcap._packets import TH_ACK, TH_FIN, TH_RST, TH_SYN, format_address
+from protocol import MIN_REQUEST_SIZE, SIZE_PREFIX
+
+_Ints = npt.NDArray[np.int64]
+_SEQ_MOD = 1 << 32
+_HALF = 1 << 31
+_MAX_STREAM = 1 << 30  # bytes per direction: offsets stay far from sequence number wrap-around
+MIN_PACKETS = 32
+"""Connections with fewer packets go through the per-segment path: cheaper than the set-up here."""
+_SIZE = struct.Struct(">i")
+_MIN_RESPONSE_SIZE = 4  # correlation id
+
+# Row kinds, directions and reasons of the rows made here, as codes into these tuples.
+KINDS = ("open", "frame", "close")
+DIRECTIONS = ("request", "response")
+REASONS = ("syn", "fin", "capture_end", "unmatched")
+OPEN, FRAME, CLOSE = range(3)
+SYN_REASON, FIN_REASON, END_REASON, UNMATCHED = range(4)
+NO_REASON = -1
+
+
+@dataclass(slots=True)
+class Direction:
+    """One direction of a clean connection, framed: the joined payloads and where frames start."""
+
+    data: bytes
+    starts: _Ints  # frame offsets in ``data``; each frame ends where the next starts
+
+
+@dataclass(slots=True)
+class CleanConnection:
+    """The rows of one clean connection, in its own row order (``seq``), as columns.
+
+    ``frame_source[i]``: for frame rows, which direction (0: requests, 1: responses) and
+    ``frame_number[i]`` which frame of it; -1 for the open and close rows.
+    """
+
+    connection_id: str
+    client_address: str
+    upstream_address: str
+    packet: _Ints  # file index of the packet that completed the row (the order across connections)
+    rank: _Ints  # order among the rows completed by the same packet
+    at_end: bool  # the close row comes at the end of the capture (capture_end)
+    opened_at: int  # file index of the first packet: orders the connections closed at the end
+    kind: _Ints
+    ts_ns: _Ints
+    direction: _Ints  # index into DIRECTIONS, -1 for open and close rows
+    api_key: _Ints
+    api_version: _Ints
+    known: npt.NDArray[np.bool_]  # api key and version known (requests, matched answers)
+    correlation_id: _Ints
+    frame_length: _Ints
+    reason: _Ints  # index into REASONS or NO_REASON
+    frame_number: _Ints
+    directions: tuple[Direction, Direction]
+    requests: int = 0
+    responses: int = 0
+    unmatched: int = 0
+
+
+@dataclass(slots=True)
+class CleanImport:
+    """What the clean path made, and the packets (positions in the columns) it left for the other."""
+
+    connections: list[CleanConnection] = field(default_factory=list)
+    rest: _Ints = field(default_factory=lambda: np.zeros(0, np.int64))
+    kafka_segments: int = 0
+
+
+def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame_size: int) -> CleanImport:
+    """The clean connections among ``columns``, each made into rows; every other packet in ``rest``."""
+    ports = np.array(sorted(kafka_ports), np.int64)
+    to_kafka = np.isin(columns.dport, ports)
+    from_kafka = np.isin(columns.sport, ports)
+    oriented = np.flatnonzero(to_kafka ^ from_kafka)
+    result = CleanImport()
+    if not len(oriented):
+        result.rest = np.arange(len(columns.index), dtype=np.int64)
+        return result
+    up = to_kafka[oriented]
+    client = np.where(
+        up,
+        columns.src[oriented] << 16 | columns.sport[oriented],
+        columns.dst[oriented] << 16 | columns.dport[oriented],
+    )
+    server = np.where(
+        up,
+        columns.dst[oriented] << 16 | columns.dport[oriented],
+        columns.src[oriented] << 16 | columns.sport[oriented],
+    )
+    # One number per connection (client and server), then one stable sort: its packets in file order.
+    servers, server_number = np.unique(server, return_inverse=True)
+    width = len(servers)
+    if width >= 1 << 15:  # client endpoints take 48 bits: number them too, so the product fits
+        clients, client_number = np.unique(client, return_inverse=True)
+    else:
+        clients, client_number = None, client
+    key = client_number.reshape(-1) * width + server_number.reshape(-1)
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    mixed = _keys_with_other_packets(columns, kafka_ports)
+    rest = [np.flatnonzero(~(to_kafka ^ from_kafka))]
+    for members in np.split(order, bounds):
+        rows = oriented[members]
+        pair = int(key[members[0]])
+        packed_client = pair // width if clients is None else int(clients[pair // width])
+        endpoints = (_endpoint(columns, packed_client), _endpoint(columns, int(servers[pair % width])))
+        clean = None
+        if len(rows) >= MIN_PACKETS and endpoints not in mixed:
+            clean = _connection(columns, rows, up[members], endpoints, max_frame_size)
+        if clean is None:
+            rest.append(rows)
+        else:
+            result.connections.append(clean)
+            result.kafka_segments += len(rows)
+    result.rest = np.sort(np.concatenate(rest))
+    return result
+
+
+def _endpoint(columns: PacketColumns, packed: int) -> tuple[str, int]:
+    return columns.addresses[packed >> 16], packed & 0xFFFF
+
+
+def _keys_with_other_packets(
+    columns: PacketColumns, kafka_ports: Collection[int]
+) -> set[tuple[tuple[str, int], tuple[str, int]]]:
+    """Connections (client, server) some of whose packets only the per-packet parser read."""
+    mixed = set()
+    for seg in columns.others:
+        src, dst = (seg.src, seg.sport), (seg.dst, seg.dport)
+        if seg.dport in kafka_ports:
+            mixed.add((src, dst))
+        if seg.sport in kafka_ports:
+            mixed.add((dst, src))
+    return mixed
+
+
+def _connection(
+    columns: PacketColumns,
+    rows: _Ints,
+    from_client: npt.NDArray[np.bool_],
+    endpoints: tuple[tuple[str, int], tuple[str, int]],
+    max_frame_size: int,
+) -> CleanConnection | None:
+    """The rows of the connection made of these packets (file order), or None if it is not clean."""
+    flags = columns.flags[rows]
+    if (flags & TH_RST).any():
+        return None
+    syn = (flags & TH_SYN) != 0
+    has_ack = (flags & TH_ACK) != 0
+    length = columns.length[rows]
+    # The client's SYN, then the server's SYN-ACK, and no other SYN; no data in either.
+    if not (from_client[0] and syn[0] and not has_ack[0]) or from_client[1] or not (syn[1] and has_ack[1]):
+        return None
+    if syn[2:].any() or length[0] or length[1]:
+        return None
+    fin = (flags & TH_FIN) != 0
+    client_fins = np.flatnonzero(fin & from_client)
+    server_fins = np.flatnonzero(fin & ~from_client)
+    closed_at = max(client_fins[0], server_fins[0]) if len(client_fins) and len(server_fins) else None
+    live = len(rows) if closed_at is None else int(closed_at) + 1
+    rows, length = rows[:live], length[:live]
+    from_client, has_ack, fin = from_client[:live], has_ack[:live], fin[:live]
+    if ((columns.stop[rows] - columns.start[rows]) != length).any():
+        return None  # the snap length cut a packet
+    seq = columns.seq[rows]
+    isn = {True: (int(seq[0]) + 1) % _SEQ_MOD, False: (int(seq[1]) + 1) % _SEQ_MOD}
+    # Bytes each direction sent before each packet, and whether every packet is where they end.
+    before = {}
+    for client in (True, False):
+        mine = from_client == client
+        sent = np.where(mine, length, 0)
+        before[client] = np.cumsum(sent) - sent
+        if before[client][-1] + sent[-1] >= _MAX_STREAM:
+            return None
+        position = np.flatnonzero(mine)[1:]  # after the SYN
+        own_fins = np.flatnonzero(fin[position])
+        if len(own_fins) > 1:
+            return None
+        through = own_fins[0] + 1 if len(own_fins) else len(position)
+        relative = (seq[position] - isn[client]) % _SEQ_MOD
+        if (relative[:through] != before[client][position[:through]]).any() or length[
+            position[through:]
+        ].any():
+            return None
+    # No acknowledgement beyond what the peer sent before it, plus its FIN: the per-segment
+    # path would declare the bytes in between a gap.
+    ack = columns.ack[rows]
+    for client in (True, False):
+        mine = np.flatnonzero((from_client == client) & has_ack)
+        ahead = ((ack[mine] - isn[not client]) % _SEQ_MOD - before[not client][mine]) % _SEQ_MOD
+        if ((ahead > 1) & (ahead < _HALF)).any():
+            return None
+    ts = columns.ts_ns[rows]
+    directions = []
+    framed = []
+    for client in (True, False):
+        data_at = np.flatnonzero((from_client == client) & (length > 0))
+        found = _frames(columns, rows[data_at], client, max_frame_size)
+        if found is None:
+            return None
+        direction, ends = found
+        if not len(ends):
+            directions.append(direction)
+            framed.append((np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            continue
+        packet_ends = np.cumsum(length[data_at])
+        first = np.searchsorted(packet_ends, direction.starts, side="right")
+        last = np.searchsorted(packet_ends, ends - 1, side="right")
+        directions.append(direction)
+        framed.append((ts[data_at[first]], data_at[last]))
+    return _rows(columns, rows, ts, endpoints, closed_at is not None, directions, framed)
+
+
+def _frames(
+    columns: PacketColumns, rows: _Ints, requests: bool, max_frame_size: int
+) -> tuple[Direction, _Ints] | None:
+    """The direction's payloads joined and framed (frame starts and ends), or None when a size
+    is impossible or the last frame is not whole."""
+    data = b"".join(
+        map(columns.data.__getitem__, map(slice, columns.start[rows].tolist(), columns.stop[rows].tolist()))
+    )
+    smallest = MIN_REQUEST_SIZE if requests else _MIN_RESPONSE_SIZE
+    at = _one_frame_per_packet(data, columns.length[rows], smallest, max_frame_size)
+    if at is None:
+        at = _walk(data, smallest, max_frame_size)
+        if at is None:
+            return None
+    ends = np.append(at[1:], len(data)) if len(at) else at
+    return Direction(data, at), ends
+
+
+def _one_frame_per_packet(data: bytes, lengths: _Ints, smallest: int, largest: int) -> _Ints | None:
+    """The packets' starts, when each packet holds exactly one whole frame (small requests and
+    answers usually do): checked for all at once. None when not."""
+    starts = np.cumsum(lengths) - lengths
+    if not len(starts) or (lengths < SIZE_PREFIX).any():
+        return None
+    sizes = big_endian(data, starts, SIZE_PREFIX, signed=True)
+    if ((sizes + SIZE_PREFIX) != lengths).any() or (sizes < smallest).any() or (sizes > largest).any():
+        return None
+    return starts
+
+
+def _walk(data: bytes, smallest: int, largest: int) -> _Ints | None:
+    """Frame starts, from each frame's size; None when a size is impossible or the last frame
+    is not whole."""
+    starts = []
+    pos, end = 0, len(data)
+    unpack = _SIZE.unpack_from
+    while pos < end:
+        if pos + SIZE_PREFIX > end:
+            return None
+        size = unpack(data, pos)[0]
+        if not smallest <= size <= largest:
+            return None
+        starts.append(pos)
+        pos += SIZE_PREFIX + size
+    if pos != end:
+        return None
+    return np.array(starts, np.int64)
+
+
+def _rows(
+    columns: PacketColumns,
+    rows: _Ints,
+    ts: _Ints,
+    endpoints: tuple[tuple[str, int], tuple[str, int]],
+    closed: bool,
+    directions: list[Direction],
+    framed: list[tuple[_Ints, _Ints]],
+) -> CleanConnection:
+    """Rows in the per-segment path's order: the open row, frames by the packet that completed
+    them (in stream order within one), answers matched to requests, the close row."""
+    requests, responses = directions
+    (request_ts, request_done), (response_ts, response_done) = framed
+    n_requests, n_responses = len(requests.starts), len(responses.starts)
+    is_request = np.concatenate([np.ones(n_requests, bool), np.zeros(n_responses, bool)])
+    done = np.concatenate([request_done, response_done])
+    number = np.concatenate([np.arange(n_requests), np.arange(n_responses)])
+    order = np.lexsort((number, done))
+    is_request, done, number = is_request[order], done[order], number[order]
+    frame_ts = np.concatenate([request_ts, response_ts])[order]
+
+    at = requests.starts + SIZE_PREFIX
+    keys = big_endian(requests.data, at, 2, signed=True)
+    versions = big_endian(requests.data, at + 2, 2, signed=True)
+    request_ids = big_endian(requests.data, at + 4, 4, signed=True)
+    response_ids = big_endian(responses.data, responses.starts + SIZE_PREFIX, 4, signed=True)
+    lengths = np.concatenate(
+        [
+            np.diff(np.append(requests.starts, len(requests.data))),
+            np.diff(np.append(responses.starts, len(responses.data))),
+        ]
+    )[order]
+    ids = np.concatenate([request_ids, response_ids])[order]
+    found = _match_unique(is_request, ids, keys, versions, number)
+    if found is None:
+        found = _match(is_request.tolist(), ids.tolist(), keys.tolist(), versions.tolist(), number.tolist())
+    api_key, api_version, known, unmatched = found
+
+    n = len(order)
+    first_packet = int(columns.index[rows[0]])
+    close_packet = int(columns.index[rows[-1]])
+    packet = np.concatenate([[first_packet], columns.index[rows[done]], [close_packet]])
+    rank = np.zeros(n + 2, np.int64)
+    if n:
+        same = np.concatenate([[False], done[1:] == done[:-1]])
+        run_start = np.maximum.accumulate(np.where(same, 0, np.arange(n)))
+        rank[1:-1] = np.arange(n) - run_start + 1
+    rank[-1] = n + 1
+    client, server = endpoints
+    kind = np.full(n + 2, FRAME, np.int64)
+    kind[0], kind[-1] = OPEN, CLOSE
+    reason = np.where(unmatched, UNMATCHED, NO_REASON)
+    return CleanConnection(
+        connection_id=f"{format_address(*client)}-{format_address(*server)}",
+        client_address=format_address(*client),
+        upstream_address=format_address(*server),
+        packet=packet.astype(np.int64),
+        rank=rank,
+        at_end=not closed,
+        opened_at=first_packet,
+        kind=kind,
+        ts_ns=np.concatenate([[ts[0]], frame_ts, [ts[-1]]]).astype(np.int64),
+        direction=np.concatenate([[-1], np.where(is_request, 0, 1), [-1]]).astype(np.int64),
+        api_key=np.concatenate([[0], api_key, [0]]).astype(np.int64),
+        api_version=np.concatenate([[0], api_version, [0]]).astype(np.int64),
+        known=np.concatenate([[False], known, [False]]),
+        correlation_id=np.concatenate([[0], ids, [0]]).astype(np.int64),
+        frame_length=np.concatenate([[0], lengths, [0]]).astype(np.int64),
+        reason=np.concatenate([[SYN_REASON], reason, [FIN_REASON if closed else END_REASON]]).astype(
+            np.int64
+        ),
+        frame_number=np.concatenate([[-1], np.where(is_request, number, number + n_requests), [-1]]).astype(
+            np.int64
+        ),
+        directions=(requests, responses),
+        requests=n_requests,
+        responses=n_responses,
+        unmatched=int(np.count_nonzero(unmatched)),
+    )
+
+
+def _match_unique(
+    is_request: npt.NDArray[np.bool_], ids: _Ints, keys: _Ints, versions: _Ints, number: _Ints
+) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]] | None:
+    """:func:`_match` at once, for the usual connection: no correlation id used twice by the
+    requests nor by the answers, and fewer requests waiting than are remembered. None otherwise."""
+    from corrfix.capture.pcap._import import MAX_PENDING_REQUESTS
+
+    request_at = np.flatnonzero(is_request)
+    response_at = np.flatnonzero(~is_request)
+    request_ids, response_ids = ids[request_at], ids[response_at]
+    by_id = np.argsort(request_ids, kind="stable")
+    sorted_ids = request_ids[by_id]
+    if (sorted_ids[1:] == sorted_ids[:-1]).any():
+        return None
+    answered = np.sort(response_ids)
+    if (answered[1:] == answered[:-1]).any():
+        return None
+    slot = np.minimum(np.searchsorted(sorted_ids, response_ids), max(len(sorted_ids) - 1, 0))
+    matched = np.zeros(len(response_at), bool)
+    if len(sorted_ids):
+        request = request_at[by_id[slot]]
+        matched = (sorted_ids[slot] == response_ids) & (request < response_at)
+    waiting_count: _Ints = np.cumsum(is_request) - np.cumsum(
+        np.isin(np.arange(len(ids)), response_at[matched])
+    )
+    if len(waiting_count) and waiting_count.max() > MAX_PENDING_REQUESTS:
+        return None
+    api_key = np.zeros(len(ids), np.int64)
+    api_version = np.zeros(len(ids), np.int64)
+    api_key[request_at] = keys[number[request_at]]
+    api_version[request_at] = versions[number[request_at]]
+    if len(sorted_ids):
+        source = number[request_at[by_id[slot[matched]]]]
+        api_key[response_at[matched]] = keys[source]
+        api_version[response_at[matched]] = versions[source]
+    known = is_request.copy()
+    known[response_at[matched]] = True
+    return api_key, api_version, known, ~known
+
+
+def _match(
+    is_request: list[bool], ids: list[int], keys: list[int], versions: list[int], number: list[int]
+) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Api key and version of each frame: a request's own, an answer's from the oldest
+    unanswered request with its id (as :class:`._import.WireConnection` matches them)."""
+    from corrfix.capture.pcap._import import MAX_PENDING_REQUESTS
+
+    pending: collections.OrderedDict[int, collections.deque[tuple[int, int]]] = collections.OrderedDict()
+    count = 0
+    out_key = [0] * len(ids)
+    out_version = [0] * len(ids)
+    known = [True] * len(ids)
+    unmatched = [False] * len(ids)
+    for i, (request, correlation_id) in enumerate(zip(is_request, ids, strict=True)):
+        if request:
+            n = number[i]
+            key, version = keys[n], versions[n]
+            out_key[i], out_version[i] = key, version
+            waiting = pending.get(correlation_id)
+            if waiting is None:
+                waiting = pending[correlation_id] = collections.deque()
+            waiting.append((key, version))
+            pending.move_to_end(correlation_id)
+            count += 1
+            while count > MAX_PENDING_REQUESTS:
+                oldest = next(iter(pending))
+                queue = pending[oldest]
+                queue.popleft()
+                if not queue:
+                    del pending[oldest]
+                count -= 1
+        else:
+            waiting = pending.get(correlation_id)
+            if waiting:
+                out_key[i], out_version[i] = waiting.popleft()
+                if not waiting:
+                    del pending[correlation_id]
+                count -= 1
+            else:
+                known[i] = False
+                unmatched[i] = True
+    return (
+        np.array(out_key, np.int64),
+        np.array(out_version, np.int64),
+        np.array(known, bool),
+        np.array(unmatched, bool),
+    )
+
+
+@dataclass(slots=True)
+class RowColumns:
+    """Rows as Arrow columns (the capture schema's, less ``capture_id`` and ``source``) and the
+    keys that put them in the per-segment path's write order: by ``packet`` (the file index of
+    the packet that completed the row; :data:`AT_END` for rows made at the end of the capture),
+    then ``opened`` (at the end: the first packet of the row's connection), then ``rank``."""
+
+    columns: dict[str, pa.Array]
+    packet: _Ints
+    opened: _Ints
+    rank: _Ints
+    ts_ns: _Ints  # the rows' times (``wall_ns``)
+
+
+AT_END = np.iinfo(np.int64).max
+
+
+def clean_columns(connections: list[CleanConnection]) -> RowColumns:
+    """The rows of the clean connections as columns, with their write-order keys."""
+    sizes = [len(c.kind) for c in connections]
+    owner = np.repeat(np.arange(len(connections)), sizes)
+
+    def joined(name: str) -> _Ints:
+        return (
+            np.concatenate([getattr(c, name) for c in connections]) if connections else np.zeros(0, np.int64)
+        )
+
+    kind = joined("kind")
+    frame = kind == FRAME
+    not_frame = ~frame
+    direction = joined("direction")
+    reason = joined("reason")
+    known = np.concatenate([c.known for c in connections]) if connections else np.zeros(0, bool)
+    ts = joined("ts_ns")
+    # Frame bytes: one binary array per direction over its joined payloads, no copy.
+    pieces, first_numbers = [], []
+    base = 0
+    for c in connections:
+        first_numbers.append(base)
+        for d in c.directions:
+            pieces.append(arrays.binary(d.data, d.starts))
+            base += len(d.starts)
+    frame_number = joined("frame_number") + np.repeat(np.array(first_numbers, np.int64), sizes)
+    frames = pa.concat_arrays(pieces) if pieces else arrays.binary(b"", np.zeros(0, np.int64))
+    # Open and close rows name the addresses; after the per-connection ones, a None (null).
+    addresses = np.where(frame, len(connections), owner)
+    seq = np.arange(len(kind), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    columns = {
+        "connection_id": arrays.strings([c.connection_id for c in connections], owner),
+        "seq": arrays.integers(seq, pa.int64()),
+        "kind": arrays.strings(KINDS, kind),
+        "side": arrays.strings(["client", None], not_frame.astype(np.int64)),
+        "direction": arrays.strings([*DIRECTIONS, None], np.where(direction < 0, len(DIRECTIONS), direction)),
+        "wall_ns": arrays.integers(ts, pa.int64()),
+        "mono_ns": arrays.integers(ts, pa.int64()),
+        "api_key": arrays.integers(joined("api_key"), pa.int16(), null=~known),
+        "api_version": arrays.integers(joined("api_version"), pa.int16(), null=~known),
+        "client_correlation_id": arrays.integers(joined("correlation_id"), pa.int32(), null=not_frame),
+        "frame_length": arrays.integers(joined("frame_length"), pa.int32(), null=not_frame),
+        "frame": frames.take(arrays.integers(frame_number, pa.int64(), null=not_frame)),
+        "client_address": arrays.strings([*(c.client_address for c in connections), None], addresses),
+        "upstream_address": arrays.strings([*(c.upstream_address for c in connections), None], addresses),
+        "reason": arrays.strings([*REASONS, None], np.where(reason < 0, len(REASONS), reason)),
+    }
+    at_end = np.repeat(np.array([c.at_end for c in connections], bool), sizes) & (kind == CLOSE)
+    packet = np.where(at_end, AT_END, joined("packet"))
+    opened = np.where(at_end, np.repeat(np.array([c.opened_at for c in connections], np.int64), sizes), 0)
+    return RowColumns(columns, packet, opened, joined("rank"), ts)

@@ -1,0 +1,236 @@
+"""The clean-connection path of ``import-pcap`` writes exactly what the per-segment path writes.
+
+Random Kafka-like traffic (requests and answers of random sizes, correlation ids that repeat,
+answers that match nothing, insane sizes) over one or more TCP connections, cut into random
+segments, then damaged or not (a segment dropped, duplicated or moved, a snap length, a start
+mid-stream, no FIN, an RST, a port reused, acknowledgements ahead of the data). The import
+with the clean path must give the same files, byte for byte, and the same summary and stats
+as the per-segment path alone, the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corrfix.capture.pcap import TcpSegment, _clean_streams, import_pcap
+from tests.support import wire_damage as damage
+from tests.support.tcp_synth import ACK, FIN, TcpSession
+
+SERVER = ("10.1.0.9", 9092)
+START_NS = 1_700_000_000_000_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One connection's traffic and what is done to it."""
+
+    port: int
+    exchanges: list[tuple[bytes, bytes | None]]
+    mss: int
+    damage: str
+    where: int
+    isn: int = 1000  # the client's first sequence number; the server's is 5,000,000 further
+
+
+def _request(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
+    payload = struct.pack(">hhi", api_key, version, correlation_id) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _response(correlation_id: int, body: bytes) -> bytes:
+    payload = struct.pack(">i", correlation_id) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+exchanges = st.lists(
+    st.tuples(
+        st.integers(0, 80),
+        st.integers(0, 12),
+        st.integers(-3, 12),
+        st.binary(max_size=300),
+        st.sampled_from(["answer"] * 8 + ["none", "other id", "insane"]),
+    ).map(
+        lambda e: (
+            _request(e[0], e[1], e[2], e[3]),
+            None
+            if e[4] == "none"
+            else _response(e[2] + 100 if e[4] == "other id" else e[2], e[3][::-1])
+            if e[4] != "insane"
+            else struct.pack(">i", -5) + e[3],
+        )
+    ),
+    max_size=12,
+)
+DAMAGES = ["none"] * 6 + ["drop", "duplicate", "swap", "midstream", "snap", "no_fin", "rst", "ack_ahead"]
+plans = st.builds(
+    Plan,
+    # 9092: both ends on the Kafka port; a server on 9093: no Kafka port (other traffic).
+    port=st.sampled_from([40001, 40002, 40003, 9092, -40004]),
+    exchanges=exchanges,
+    mss=st.integers(1, 400),
+    damage=st.sampled_from(DAMAGES),
+    where=st.integers(0, 10_000),
+    isn=st.sampled_from([1000, 2**32 - 700, 2**32 - 5_000_300]),  # sequence numbers that wrap
+)
+
+
+def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
+    """The connection's segments (without times nor indexes), damaged as planned."""
+    server = (SERVER[0], 9093) if plan.port < 0 else SERVER
+    tcp = TcpSession(
+        client=("10.1.0.1", abs(plan.port)),
+        server=server,
+        client_isn=plan.isn,
+        server_isn=(plan.isn + 5_000_000) % (1 << 32),
+        mss=plan.mss,
+    )
+    out = tcp.handshake()
+    for request, response in plan.exchanges:
+        out += tcp.send(True, request, with_ack=True)
+        if response is not None:
+            out += tcp.send(False, response, with_ack=True)
+    if plan.damage == "rst":
+        out.append(tcp.rst(True))
+    elif plan.damage != "no_fin":
+        out += [tcp.fin(True), tcp.fin(False), tcp.ack(True)]
+    segments = []
+    for seg in out:
+        src, dst = (tcp.client, tcp.server) if seg.from_client else (tcp.server, tcp.client)
+        flags = seg.flags
+        ack = seg.ack % (1 << 32)  # the session's handshake and FIN do not wrap their numbers
+        if (
+            plan.damage == "ack_ahead"
+            and seg.payload
+            and flags & ACK
+            and len(segments) == plan.where % len(out)
+        ):
+            ack = (ack + 1000) % (1 << 32)
+        segments.append(
+            TcpSegment(
+                0,
+                0,
+                src[0],
+                src[1],
+                dst[0],
+                dst[1],
+                seg.seq % (1 << 32),
+                ack,
+                flags,
+                seg.payload,
+                len(seg.payload),
+            )
+        )
+    at = plan.where % len(segments)
+    if plan.damage == "drop":
+        del segments[at]
+    elif plan.damage == "duplicate":
+        segments.insert(at, segments[at])
+    elif plan.damage == "swap" and at + 1 < len(segments):
+        segments[at], segments[at + 1] = segments[at + 1], segments[at]
+    elif plan.damage == "midstream":
+        segments = segments[at:]
+    elif plan.damage == "snap":
+        keep = plan.where % 40
+        segments = [s._replace(payload=s.payload[:keep]) for s in segments]
+    return [(s.flags & FIN != 0, s) for s in segments]
+
+
+def _capture(plans: list[Plan], order: random.Random) -> list[TcpSegment]:
+    """The connections' segments interleaved at random (each keeps its order), stamped in turn."""
+    queues = [_segments(plan) for plan in plans]
+    merged = []
+    while any(queues):
+        queue = order.choice([q for q in queues if q])
+        merged.append(queue.pop(0)[1])
+    return [seg._replace(index=i, ts_ns=START_NS + i * 1000) for i, seg in enumerate(merged)]
+
+
+def _import(pcap: Path, out: Path, clean_path: bool) -> tuple[dict[str, bytes], dict, dict]:
+    stats = import_pcap(pcap, out, [SERVER[1]], capture_id="same-id", clean_path=clean_path)
+    files = {path.name: path.read_bytes() for path in sorted(out.glob("*.arrows"))}
+    summaries = [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
+    for summary in summaries:
+        summary.pop("updated_wall_ns", None)
+    found = dataclasses.asdict(stats)
+    found["files"] = [Path(name).name for name in found["files"]]
+    return files, {"summaries": summaries}, found
+
+
+def _same_import(segments: list[TcpSegment]) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        pcap = damage.write_pcap(Path(work) / "traffic.pcap", segments)
+        reference = _import(pcap, Path(work) / "reference", clean_path=False)
+        clean = _import(pcap, Path(work) / "clean", clean_path=True)
+    assert clean == reference
+
+
+@pytest.fixture
+def every_connection_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the clean path take connections of any size (it leaves short ones to the other)."""
+    monkeypatch.setattr(_clean_streams, "MIN_PACKETS", 2)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(plans, min_size=1, max_size=4), st.randoms(use_true_random=False))
+def test_clean_path_writes_what_the_per_segment_path_writes(every_connection_size, plans, order):
+    _same_import(_capture(plans, order))
+
+
+def test_a_clean_connection_takes_the_clean_path_and_a_damaged_one_does_not(every_connection_size, tmp_path):
+    exchanges = [(_request(0, 7, i, bytes(50)), _response(i, bytes(20))) for i in range(20)]
+    clean = Plan(40001, exchanges, 64, "none", 0)
+    dropped = Plan(40002, exchanges, 64, "drop", 30)
+    segments = _capture([clean, dropped], random.Random(3))
+    pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
+    from corrfix.capture.pcap._packet_table import packet_columns
+
+    with packet_columns(pcap) as columns:
+        assert columns is not None
+        found = _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20)
+        assert [c.client_address for c in found.connections] == ["10.1.0.1:40001"]
+        assert set(columns.dport[found.rest].tolist()) | set(columns.sport[found.rest].tolist()) == {
+            40002,
+            9092,
+        }
+    _same_import(segments)
+
+
+def test_short_connections_are_left_to_the_per_segment_path(tmp_path):
+    exchanges = [(_request(0, 7, 1, bytes(50)), _response(1, bytes(20)))]
+    segments = _capture([Plan(40001, exchanges, 1000, "none", 0)], random.Random(1))
+    assert len(segments) < _clean_streams.MIN_PACKETS
+    pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
+    from corrfix.capture.pcap._packet_table import packet_columns
+
+    with packet_columns(pcap) as columns:
+        assert columns is not None
+        assert not _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20).connections
+
+
+def test_a_connection_with_a_packet_the_per_packet_parser_read_is_left_to_it(every_connection_size, tmp_path):
+    """IPv6, IP options, other link layers: such packets are not in the numpy columns, so
+    their connection cannot be checked whole."""
+    exchanges = [(_request(0, 7, i, bytes(50)), _response(i, bytes(20))) for i in range(10)]
+    segments = _capture([Plan(40001, exchanges, 64, "none", 0)], random.Random(3))
+    pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
+    from corrfix.capture.pcap._packet_table import packet_columns
+
+    with packet_columns(pcap) as columns:
+        assert columns is not None
+        assert _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20).connections
+        keep = np.flatnonzero(columns.index != 5)
+        partial = columns.select(keep)
+        partial.others = [segments[5]]
+        found = _clean_streams.import_clean(partial, [SERVER[1]], 1 << 20)
+        assert not found.connections
+        assert len(found.rest) == len(keep)
