@@ -1,9 +1,10 @@
 """The audit job: load a capture, run the chosen checks, return the report as a dict.
 
-The header checks (ordering, client view, latency) share one cached read of the capture's
-transactions: whole connections per partition, paired in Python before any row reaches
-the JVM (:mod:`spark_audit.connections`); the body checks (storms, offsets, produce) share
-the facts decoded from the broker-side bodies in that same pass.
+The header checks (ordering, client view, latency) are computed per connection in Python,
+before any row reaches the JVM (:mod:`spark_audit.connections`: whole connections per
+partition): the JVM gets their anomalies, latency summaries and slow-request candidates
+(the audit table), not a row per request. The body checks (storms, offsets, produce)
+share the facts decoded from the broker-side bodies, and stay Spark SQL across connections.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_audit._catalog import CHECKS, SEVERITIES
@@ -24,24 +25,24 @@ from spark_audit._progress import Progress
 from spark_audit.checks import (
     GROUP_ACTIVITY,
     attempts,
-    client_pairs,
-    client_view,
     duplicate_batches,
     error_storms,
-    latencies,
-    latency_by_api,
-    latency_by_window,
     leader_changes,
     offset_losses,
     rebalances,
     sequence_problems,
     slow_requests,
-    upstream_pairs,
-    upstream_skips,
-    upstream_strays,
     window_start,
 )
-from spark_audit.connections import FACT_COLUMNS, PAIRS_SCHEMA, load_facts, load_transactions
+from spark_audit.connections import (
+    FACT_COLUMNS,
+    PAIRS_SCHEMA,
+    PARTS,
+    load_audit,
+    load_facts,
+    load_transactions,
+    merge_summaries,
+)
 from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
@@ -182,76 +183,105 @@ class _Collector:
             }
 
 
-def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
-    per_connection = transactions.filter(F.col("kind") == "connection")
-    agg = per_connection.groupBy("capture_id", "source").agg(
-        F.sum("rows").alias("rows"),
-        F.sum("frames").alias("frames"),
-        F.sum("repairs").alias("repairs"),
-        F.count("*").alias("connections"),
-        F.min("first_wall_ns").alias("first_wall_ns"),
-        F.max("last_wall_ns").alias("last_wall_ns"),
-    )
-    return [row.asDict(recursive=True) for row in agg.orderBy("first_wall_ns").collect()]
+_SMALL = ("connection", "latency")
+"""The parts of the audit table the driver reads before the checks run."""
+_BY_API_SCHEMA = "api_key short, requests long, p50_ms double, p99_ms double, max_ms double"
 
 
-def _decoded(facts: DataFrame) -> dict[str, Any]:
+def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row]]:
+    """The audit table's connection and latency rows and the facts' counts, in one Spark
+    action, which also fills both caches."""
+    small = audit.filter(F.col("part").isin(*_SMALL))
+    if facts is not None:
+        counts = facts.filter(F.col("kind") == "fact_count").select(
+            F.lit("fact_count").alias("part"), "fact", "rows"
+        )
+        small = small.unionByName(counts, allowMissingColumns=True)
+    rows = small.collect()
+    return [r for r in rows if r["part"] != "fact_count"], [r for r in rows if r["part"] == "fact_count"]
+
+
+def _captures(connections: list[Row]) -> list[dict[str, Any]]:
+    """Rows, frames, repairs, connections and time span per capture and source."""
+    per: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in connections:
+        got = per.setdefault(
+            (c["capture_id"], c["source"]),
+            {
+                "capture_id": c["capture_id"],
+                "source": c["source"],
+                "rows": 0,
+                "frames": 0,
+                "repairs": 0,
+                "connections": 0,
+                "first_wall_ns": None,
+                "last_wall_ns": None,
+            },
+        )
+        for name in ("rows", "frames", "repairs"):
+            got[name] += c[name] or 0
+        got["connections"] += 1
+        for name, pick in (("first_wall_ns", min), ("last_wall_ns", max)):
+            if c[name] is not None:
+                got[name] = c[name] if got[name] is None else pick(got[name], c[name])
+    return sorted(per.values(), key=lambda r: (r["first_wall_ns"] is not None, r["first_wall_ns"] or 0))
+
+
+def _decoded(counts: list[Row]) -> dict[str, Any]:
     """Facts decoded, by kind (before each Produce answer was merged into its batch)."""
-    counted = facts.filter(F.col("kind") == "fact_count").groupBy("fact").agg(F.sum("rows").alias("count"))
-    return {"facts": {row["fact"]: row["count"] for row in counted.orderBy("fact").collect()}}
+    by_fact: dict[str, int] = {}
+    for row in counts:
+        by_fact[row["fact"]] = by_fact.get(row["fact"], 0) + (row["rows"] or 0)
+    return {"facts": dict(sorted(by_fact.items()))}
 
 
 class _AuditRun:
-    """One audit: the transactions and the facts, each read once and cached, and what each
+    """One audit: the audit table and the facts, each read once and cached, and what each
     check adds to the report's tables and findings (plain DataFrames: nothing runs until
-    :func:`_collect`)."""
+    :func:`_collect`). Checks 1 and 2 and the latency numbers come from the pass
+    (:func:`spark_audit.connections.audit_pass`); Spark only shapes them into findings."""
 
-    def __init__(self, transactions: DataFrame, facts: DataFrame | None, options: AuditOptions) -> None:
-        self.transactions = transactions
+    def __init__(
+        self,
+        audit: DataFrame,
+        facts: DataFrame | None,
+        options: AuditOptions,
+        by_api: list[dict[str, Any]],
+    ) -> None:
+        self.audit = audit
         self.all_facts = facts
         self.options = options
+        self.by_api = by_api
         self.tables: list[_Table] = []
         self.findings: dict[str, DataFrame] = {}
 
-    @functools.cached_property
-    def upstream_pairs(self) -> DataFrame:
-        return upstream_pairs(self.transactions)
-
-    @functools.cached_property
-    def client_pairs(self) -> DataFrame:
-        return client_pairs(self.transactions)
+    def part(self, name: str) -> DataFrame:
+        """The rows of one part of the audit table, with that part's own columns."""
+        return self.audit.filter(F.col("part") == name).select(*PARTS[name].names)
 
     @functools.cached_property
     def facts(self) -> DataFrame:
         facts = self.all_facts
         if facts is None:  # no body check ran, yet --tables asks for them: read them now
             o = self.options
-            facts = load_facts(self.transactions.sparkSession, o.path, o.via)
+            facts = load_facts(self.audit.sparkSession, o.path, o.via)
         return facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
 
-    @functools.cached_property
-    def latencies(self) -> tuple[DataFrame, DataFrame]:
-        lat = latencies(self.client_pairs)
-        return lat, latency_by_api(lat)
-
-    def latency_tables(self) -> None:
-        lat, by_api = self.latencies
-        by_window = latency_by_window(lat, self.options.window_s)
-        self.tables.append(_Table("latency.by_api", by_api, ("api_key",)))
-        self.tables.append(_Table("latency.by_window", by_window, ("window_start_ns", "api_key")))
-
     def upstream_ordering(self) -> DataFrame:
-        return upstream_skip_findings(upstream_skips(self.transactions, self.upstream_pairs)).unionByName(
-            upstream_stray_findings(upstream_strays(self.transactions, self.upstream_pairs))
+        return upstream_skip_findings(self.part("skip")).unionByName(
+            upstream_stray_findings(self.part("stray"))
         )
 
     def client_view(self) -> DataFrame:
-        return client_view_findings(client_view(self.transactions, self.client_pairs))
+        return client_view_findings(self.part("client"))
 
     def latency(self) -> DataFrame:
         o = self.options
-        lat, by_api = self.latencies
-        return slow_findings(slow_requests(lat, by_api, o.slow_factor, o.slow_min_ms))
+        by_api = self.audit.sparkSession.createDataFrame(
+            [tuple(r[c] for c in ("api_key", "requests", "p50_ms", "p99_ms", "max_ms")) for r in self.by_api],
+            _BY_API_SCHEMA,
+        )
+        return slow_findings(slow_requests(self.part("slow"), by_api, o.slow_factor, o.slow_min_ms))
 
     def storms(self) -> DataFrame:
         o = self.options
@@ -286,13 +316,16 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
     """The three tables as Parquet under ``directory`` (one action each): ``transactions``,
     one row per request with its answer (client side; upstream: the overtaken sends) and per
     stray answer, with ``latency_ms``; ``facts``, what the bodies said; ``anomalies``, every
-    finding of the checks that ran."""
-    frames = run.transactions.filter(F.col("kind") == "frame")
+    finding of the checks that ran. The transactions are read only here: the audit itself
+    never needs a row per request in the JVM."""
+    o = run.options
+    spark = run.audit.sparkSession
+    frames = load_transactions(spark, o.path, o.via).filter(F.col("kind") == "frame")
     latency = F.when(F.col("answer_mono_ns").isNotNull(), (F.col("answer_mono_ns") - F.col("mono_ns")) / 1e6)
     transactions = frames.select(
         "capture_id", "source", "connection_id", "side", *PAIRS_COLUMNS[2:], latency.alias("latency_ms")
     )
-    empty = run.transactions.sparkSession.createDataFrame([], FINDING_SCHEMA)
+    empty = spark.createDataFrame([], FINDING_SCHEMA)
     anomalies = functools.reduce(DataFrame.unionByName, findings.values(), empty)
     for name, df in zip(TABLES, (transactions, run.facts, anomalies), strict=True):
         df.write.mode("overwrite").parquet(f"{directory.rstrip('/')}/{name}")
@@ -301,10 +334,10 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
 def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Run the chosen checks over the capture at ``options.path``; the report as a dict.
 
-    Three Spark actions at most, whatever the capture and the checks: one reads the capture
-    into the cached transactions (and counts it), one decodes the bodies into the cached
-    facts (and counts them; only for the body checks), one collects every report table and
-    finding."""
+    Two Spark actions, whatever the capture and the checks (and one per table for
+    ``--tables``): one reads the capture into the cached audit table and facts (the facts
+    only for the body checks) and collects the captures' counts, the facts' counts and the
+    latency summaries; one collects every report table and finding."""
     started = time.monotonic()
     unknown = sorted(set(options.checks) - set(CHECKS))
     if unknown:
@@ -322,24 +355,26 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
     }
     level = StorageLevel.MEMORY_AND_DISK
-    transactions = load_transactions(spark, options.path, options.via).persist(level)
+    audit = load_audit(spark, options.path, options.via, options.window_s, options.slow_min_ms).persist(level)
     bodies = BODY_CHECKS.intersection(chosen)
     facts = load_facts(spark, options.path, options.via).persist(level) if bodies else None
     try:
         with progress.step("reading the capture"):
-            report["captures"] = _captures(transactions)
+            small, counts = _read_small(audit, facts)
+            report["captures"] = _captures([r for r in small if r["part"] == "connection"])
             if facts is not None:
-                report["decode"] = _decoded(facts)
+                report["decode"] = _decoded(counts)
+            by_api, by_window = merge_summaries(r.asDict() for r in small if r["part"] == "latency")
         with progress.step("running the checks"):
-            run = _AuditRun(transactions, facts, options)
-            run.latency_tables()
+            run = _AuditRun(audit, facts, options, by_api)
             findings = {check: getattr(run, check)() for check in chosen}
             got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
+            got.update({"latency.by_api": by_api, "latency.by_window": by_window})
         if options.tables:
             with progress.step("writing the tables"):
                 write_tables(run, findings, options.tables)
     finally:
-        transactions.unpersist()
+        audit.unpersist()
         if facts is not None:
             facts.unpersist()
     _fill(report, got)
