@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_audit._catalog import CHECKS, SEVERITIES
@@ -25,7 +25,7 @@ from spark_audit._progress import Progress
 from spark_audit.checks import (
     GROUP_ACTIVITY,
     attempts,
-    duplicate_batches,
+    duplicates_of_sends,
     error_storms,
     leader_changes,
     offset_losses,
@@ -35,6 +35,7 @@ from spark_audit.checks import (
     window_start,
 )
 from spark_audit.connections import (
+    BATCH_SENDS_SCHEMA,
     FACT_COLUMNS,
     PAIRS_SCHEMA,
     PARTS,
@@ -95,21 +96,26 @@ JSON_OPTIONS = {"ignoreNullFields": "false"}
 
 @dataclass(frozen=True)
 class _Table:
-    """A report table: its rows as JSON, numbered in ``order`` by Spark."""
+    """A report table: its rows as JSON, sorted by the ``order`` columns on the driver (a
+    report table is small; sorting it in Spark would cost a shuffle to one partition)."""
 
     name: str
     df: DataFrame
-    order: tuple[Column | str, ...]
+    order: tuple[str, ...]
 
 
-def _as_json(df: DataFrame, tag: str, order: Sequence[Column | str]) -> DataFrame:
-    """``df`` as (tag, n, json): every row as one JSON object, ``n`` its place in ``order``."""
-    place = F.row_number().over(Window.orderBy(*order)) if order else F.lit(0)
+def _as_json(df: DataFrame, tag: str) -> DataFrame:
+    """``df`` as (tag, n, json): every row as one JSON object, ``n`` 0 (unnumbered)."""
     return df.select(
         F.lit(tag).alias("tag"),
-        place.cast("long").alias("n"),
+        F.lit(0).cast("long").alias("n"),
         F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("json"),
     )
+
+
+def _ascending(row: dict[str, Any], order: Sequence[str]) -> tuple[tuple[bool, Any], ...]:
+    """Spark's ascending order of ``row`` by ``order``: nulls first."""
+    return tuple((row[c] is not None, row[c]) if row[c] is not None else (False, 0) for c in order)
 
 
 def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) -> list[DataFrame]:
@@ -126,7 +132,7 @@ def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) 
     top = found.withColumn("_n", place).filter(F.col("_n") <= limit)
     finding_columns = [c for c in top.columns if c not in ("_check", "_n")]
     return [
-        _as_json(counts, "counts", []),
+        _as_json(counts, "counts"),
         top.select(
             F.concat(F.lit("top:"), F.col("_check")).alias("tag"),
             F.col("_n").cast("long").alias("n"),
@@ -138,12 +144,16 @@ def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) 
 def _collect(tables: list[_Table], findings: list[DataFrame]) -> dict[str, list[dict[str, Any]]]:
     """Every report table and the findings in one Spark action (each action costs a job,
     whatever its size): rows grouped by tag, in order."""
-    parts = [_as_json(t.df, t.name, t.order) for t in tables] + findings
+    parts = [_as_json(t.df, t.name) for t in tables] + findings
     rows = functools.reduce(DataFrame.unionByName, parts).collect()
     out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for row in rows:
         out.setdefault(row["tag"], []).append((row["n"], json.loads(row["json"])))
-    return {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
+    got = {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
+    for table in tables:
+        if table.name in got:
+            got[table.name].sort(key=lambda row: _ascending(row, table.order))
+    return got
 
 
 class _Collector:
@@ -261,11 +271,15 @@ class _AuditRun:
 
     @functools.cached_property
     def facts(self) -> DataFrame:
-        facts = self.all_facts
-        if facts is None:  # no body check ran, yet --tables asks for them: read them now
-            o = self.options
-            facts = load_facts(self.audit.sparkSession, o.path, o.via)
-        return facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+        """The ``fact`` rows: every fact but the sends of batches without a producer id."""
+        assert self.all_facts is not None, "the facts are read when a body check runs"
+        return self.all_facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+
+    @functools.cached_property
+    def batch_sends(self) -> DataFrame:
+        """The sends of batches without a producer id, summed per batch and partition."""
+        assert self.all_facts is not None, "the facts are read when a body check runs"
+        return self.all_facts.filter(F.col("kind") == "batch_sends").select(*BATCH_SENDS_SCHEMA.names)
 
     def upstream_ordering(self) -> DataFrame:
         return upstream_skip_findings(self.part("skip")).unionByName(
@@ -303,9 +317,8 @@ class _AuditRun:
         return offset_loss_findings(offset_losses(self.facts))
 
     def produce(self) -> DataFrame:
-        tries = attempts(self.facts)
-        return duplicate_findings(duplicate_batches(tries)).unionByName(
-            sequence_findings(sequence_problems(tries))
+        return duplicate_findings(duplicates_of_sends(self.batch_sends)).unionByName(
+            sequence_findings(sequence_problems(attempts(self.facts)))
         )
 
 
@@ -316,8 +329,9 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
     """The three tables as Parquet under ``directory`` (one action each): ``transactions``,
     one row per request with its answer (client side; upstream: the overtaken sends) and per
     stray answer, with ``latency_ms``; ``facts``, what the bodies said; ``anomalies``, every
-    finding of the checks that ran. The transactions are read only here: the audit itself
-    never needs a row per request in the JVM."""
+    finding of the checks that ran. The transactions, and the facts with a row per send, are
+    read only here: the audit itself needs neither a row per request nor one per batch sent
+    in the JVM."""
     o = run.options
     spark = run.audit.sparkSession
     frames = load_transactions(spark, o.path, o.via).filter(F.col("kind") == "frame")
@@ -325,9 +339,10 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
     transactions = frames.select(
         "capture_id", "source", "connection_id", "side", *PAIRS_COLUMNS[2:], latency.alias("latency_ms")
     )
+    facts = load_facts(spark, o.path, o.via).filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
     empty = spark.createDataFrame([], FINDING_SCHEMA)
     anomalies = functools.reduce(DataFrame.unionByName, findings.values(), empty)
-    for name, df in zip(TABLES, (transactions, run.facts, anomalies), strict=True):
+    for name, df in zip(TABLES, (transactions, facts, anomalies), strict=True):
         df.write.mode("overwrite").parquet(f"{directory.rstrip('/')}/{name}")
 
 
@@ -357,7 +372,9 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
     level = StorageLevel.MEMORY_AND_DISK
     audit = load_audit(spark, options.path, options.via, options.window_s, options.slow_min_ms).persist(level)
     bodies = BODY_CHECKS.intersection(chosen)
-    facts = load_facts(spark, options.path, options.via).persist(level) if bodies else None
+    facts = (
+        load_facts(spark, options.path, options.via, sum_plain_sends=True).persist(level) if bodies else None
+    )
     try:
         with progress.step("reading the capture"):
             small, counts = _read_small(audit, facts)

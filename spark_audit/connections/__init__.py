@@ -22,6 +22,7 @@ from ._anomalies import (
     stray_answers,
 )
 from ._audit import AUDIT_SCHEMA, PARTS, audit_pass
+from ._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
 from ._datasource import (
     FACTS_SPARK_SCHEMA,
     TRANSACTIONS_SOURCE,
@@ -65,6 +66,7 @@ from ._plan import Assignment, assign, index_files, summary_index
 __all__ = [
     "ACCURACY",
     "AUDIT_SCHEMA",
+    "BATCH_SENDS_SCHEMA",
     "CLIENT_SCHEMA",
     "DRIVER_BYTES_CONF",
     "END_OF_CAPTURE_REASONS",
@@ -103,10 +105,12 @@ __all__ = [
     "match",
     "merge_acks",
     "merge_summaries",
+    "plain_batches",
     "produce_acks",
     "skipped_sends",
     "slow_candidates",
     "stray_answers",
+    "sum_sends",
     "summaries",
     "summary_index",
     "transactions_of",

@@ -10,7 +10,9 @@ partition, one Python worker); ``table``: ``transactions`` (the default) or ``fa
 decoded broker-side bodies of the same connections (two narrow tables cost the JVM less than
 one wide one); or ``audit``, what the default audit reads instead of the transactions
 (:func:`audit_pass`: checks 1 and 2, latency summaries, no row per request), with the
-options ``window_s`` (default 10) and ``slow_min_ms`` (default 100).
+options ``window_s`` (default 10) and ``slow_min_ms`` (default 100). With
+``sum_plain_sends=true`` the facts table sums the sends of batches without a producer id
+per batch (``batch_sends`` rows) instead of one ``fact`` row per send.
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ def read_connections(
     table: str = "transactions",
     window_s: float = DEFAULT_WINDOW_S,
     slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    sum_plain_sends: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """One partition's ``table`` (transactions, facts or audit), as batches of its schema."""
     if table == "facts":
-        out = facts_pass(gather_facts(part))
+        out = facts_pass(gather_facts(part), sum_plain_sends)
     elif table == "audit":
         rows = gather(part)
         out = audit_pass(rows, window_s, slow_min_ms) if rows.num_rows else AUDIT_SCHEMA.empty_table()
@@ -145,6 +148,7 @@ class TransactionsReader(DataSourceReader):
         self.min_rows = int(options.get("min_partition_rows", DEFAULT_MIN_PARTITION_ROWS))
         self.window_s = float(options.get("window_s", DEFAULT_WINDOW_S))
         self.slow_min_ms = float(options.get("slow_min_ms", DEFAULT_SLOW_MIN_MS))
+        self.sum_plain_sends = options.get("sum_plain_sends", "false").lower() == "true"
 
     def partitions(self) -> list[InputPartition]:
         index = index_files(list_files(self.path), summary_index(self.path))
@@ -155,7 +159,7 @@ class TransactionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Connections)
-        return read_connections(partition, self.table, self.window_s, self.slow_min_ms)
+        return read_connections(partition, self.table, self.window_s, self.slow_min_ms, self.sum_plain_sends)
 
 
 class TransactionsDataSource(DataSource):

@@ -5,6 +5,7 @@ DataFrame by one shuffle by connection and the same pass per group."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -65,11 +66,11 @@ def transactions_of(rows: DataFrame) -> DataFrame:
     )
 
 
-def facts_of(rows: DataFrame) -> DataFrame:
+def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
     """The facts of the same rows, by the same shuffle."""
 
     def one_pass(table: pa.Table) -> pa.Table:
-        return facts_pass(decode_table(broker_frames(table)))
+        return facts_pass(decode_table(broker_frames(table)), sum_plain_sends)
 
     return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, FACTS_SPARK_SCHEMA)
 
@@ -99,10 +100,10 @@ def _small(spark: SparkSession, path: str) -> bool:
 
 
 SCHEMAS = {"facts": FACTS_SCHEMA, "audit": AUDIT_SCHEMA, "transactions": TRANSACTIONS_SCHEMA}
-_NO_OPTIONS: dict[str, float] = {}
+_NO_OPTIONS: dict[str, Any] = {}
 
 
-def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, float]) -> DataFrame:
+def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, Any]) -> DataFrame:
     """The same pass, run here on the whole capture as one partition: no Python worker."""
     [planned] = assign(index_files(list_files(path), summary_index(path)), 1) or [None]
     schema = SCHEMAS[table]
@@ -113,14 +114,14 @@ def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, fl
     return spark.createDataFrame(rows.combine_chunks())  # PySpark 4.3 reads only a table's first chunk
 
 
-def _read(spark: SparkSession, path: str, table: str, options: dict[str, float] = _NO_OPTIONS) -> DataFrame:
+def _read(spark: SparkSession, path: str, table: str, options: dict[str, Any] = _NO_OPTIONS) -> DataFrame:
     if _small(spark, path):
         return _on_driver(spark, path, table, options)
     spark.dataSource.register(TransactionsDataSource)
     partitions = 2 * spark.sparkContext.defaultParallelism
     reader = spark.read.format(TRANSACTIONS_SOURCE).option("partitions", str(partitions))
     for name, value in options.items():
-        reader = reader.option(name, repr(value))
+        reader = reader.option(name, str(value).lower() if isinstance(value, bool) else repr(value))
     return reader.option("table", table).load(path)
 
 
@@ -135,9 +136,12 @@ def load_transactions(spark: SparkSession, path: str, via: Via = "auto") -> Data
     )
 
 
-def load_facts(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
-    """The facts of the capture at ``path``: ``kind`` fact and fact_count rows."""
-    return facts_of(_rows(spark, path)) if _by_fallback(path, via) else _read(spark, path, "facts")
+def load_facts(spark: SparkSession, path: str, via: Via = "auto", sum_plain_sends: bool = False) -> DataFrame:
+    """The facts of the capture at ``path``: ``kind`` fact and fact_count rows (and
+    batch_sends rows with ``sum_plain_sends``: :func:`facts_pass`)."""
+    if _by_fallback(path, via):
+        return facts_of(_rows(spark, path), sum_plain_sends)
+    return _read(spark, path, "facts", {"sum_plain_sends": sum_plain_sends})
 
 
 def load_audit(
