@@ -115,15 +115,14 @@ def summaries(lat: pa.Table, window_s: float) -> pa.Table:
     )
     out: list[dict[str, Any]] = []
     for by_window, keys in ((False, np.zeros_like(api)), (True, window)):
-        groups, inverse = np.unique(np.stack([keys, api]), axis=1, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        order = np.lexsort((ms, inverse))
-        bounds = np.flatnonzero(np.diff(inverse[order])) + 1
-        for g, rows in enumerate(np.split(order, bounds)):
+        order = np.lexsort((api, keys))
+        k, a = keys[order], api[order]
+        bounds = np.flatnonzero((k[1:] != k[:-1]) | (a[1:] != a[:-1])) + 1
+        for rows in np.split(order, bounds):
+            start, key = int(keys[rows[0]]), int(api[rows[0]])
             values = ms[rows]
             values = values[~np.isnan(values)]
             sample, weights = _sample(values)
-            start, key = int(groups[0, g]), int(groups[1, g])
             out.append(
                 {
                     "by_window": by_window,
