@@ -257,13 +257,24 @@ class _AuditRun:
         facts: DataFrame | None,
         options: AuditOptions,
         by_api: list[dict[str, Any]],
+        fact_kinds: frozenset[str] = frozenset(),
     ) -> None:
         self.audit = audit
         self.all_facts = facts
         self.options = options
         self.by_api = by_api
+        self.fact_kinds = fact_kinds
         self.tables: list[_Table] = []
         self.findings: dict[str, DataFrame] = {}
+
+    def _lacks(self, *needed: str) -> bool:
+        """Whether the capture decoded none of the facts a check needs (any of ``needed``):
+        then the check finds nothing, and its plan, a few Spark stages of empty data, is
+        not built at all."""
+        return not self.fact_kinds.intersection(needed)
+
+    def _nothing(self) -> DataFrame:
+        return self.audit.sparkSession.createDataFrame([], FINDING_SCHEMA)
 
     def part(self, name: str) -> DataFrame:
         """The rows of one part of the audit table, with that part's own columns."""
@@ -298,6 +309,8 @@ class _AuditRun:
         return slow_findings(slow_requests(self.part("slow"), by_api, o.slow_factor, o.slow_min_ms))
 
     def storms(self) -> DataFrame:
+        if self._lacks("error", "leader", "group"):  # the storms' and rebalances' only inputs
+            return self._nothing()
         o = self.options
         windows = error_storms(self.facts, o.window_s, o.storm_threshold)
         groups = rebalances(self.facts, o.window_s, o.rebalance_threshold)
@@ -314,9 +327,13 @@ class _AuditRun:
         )
 
     def offsets(self) -> DataFrame:
+        if any(self._lacks(kind) for kind in ("commit", "commit_ack", "fetched_offset")):  # inner joins
+            return self._nothing()
         return offset_loss_findings(offset_losses(self.facts))
 
     def produce(self) -> DataFrame:
+        if self._lacks("produce_batch"):
+            return self._nothing()
         return duplicate_findings(duplicates_of_sends(self.batch_sends)).unionByName(
             sequence_findings(sequence_problems(attempts(self.facts)))
         )
@@ -383,7 +400,8 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
                 report["decode"] = _decoded(counts)
             by_api, by_window = merge_summaries(r.asDict() for r in small if r["part"] == "latency")
         with progress.step("running the checks"):
-            run = _AuditRun(audit, facts, options, by_api)
+            kinds = frozenset(k for k, n in report.get("decode", {}).get("facts", {}).items() if n)
+            run = _AuditRun(audit, facts, options, by_api, kinds)
             findings = {check: getattr(run, check)() for check in chosen}
             got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
             got.update({"latency.by_api": by_api, "latency.by_window": by_window})
