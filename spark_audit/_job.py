@@ -1,9 +1,10 @@
 """The audit job: load a capture, run the chosen checks, return the report as a dict.
 
-The header checks (ordering, client view, latency) share one cached read of the capture's
-transactions: whole connections per partition, paired in Python before any row reaches
-the JVM (:mod:`spark_audit.connections`); the body checks (storms, offsets, produce) share
-the facts decoded from the broker-side bodies in that same pass.
+The header checks (ordering, client view, latency) are computed per connection in Python,
+before any row reaches the JVM (:mod:`spark_audit.connections`: whole connections per
+partition): the JVM gets their anomalies, latency summaries and slow-request candidates
+(the audit table), not a row per request. The body checks (storms, offsets, produce)
+share the facts decoded from the broker-side bodies, and stay Spark SQL across connections.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_audit._catalog import CHECKS, SEVERITIES
@@ -24,24 +25,25 @@ from spark_audit._progress import Progress
 from spark_audit.checks import (
     GROUP_ACTIVITY,
     attempts,
-    client_pairs,
-    client_view,
-    duplicate_batches,
+    duplicates_of_sends,
     error_storms,
-    latencies,
-    latency_by_api,
-    latency_by_window,
     leader_changes,
     offset_losses,
     rebalances,
     sequence_problems,
     slow_requests,
-    upstream_pairs,
-    upstream_skips,
-    upstream_strays,
     window_start,
 )
-from spark_audit.connections import FACT_COLUMNS, PAIRS_SCHEMA, load_facts, load_transactions
+from spark_audit.connections import (
+    BATCH_SENDS_SCHEMA,
+    FACT_COLUMNS,
+    PAIRS_SCHEMA,
+    PARTS,
+    load_audit,
+    load_facts,
+    load_transactions,
+    merge_summaries,
+)
 from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
@@ -94,21 +96,26 @@ JSON_OPTIONS = {"ignoreNullFields": "false"}
 
 @dataclass(frozen=True)
 class _Table:
-    """A report table: its rows as JSON, numbered in ``order`` by Spark."""
+    """A report table: its rows as JSON, sorted by the ``order`` columns on the driver (a
+    report table is small; sorting it in Spark would cost a shuffle to one partition)."""
 
     name: str
     df: DataFrame
-    order: tuple[Column | str, ...]
+    order: tuple[str, ...]
 
 
-def _as_json(df: DataFrame, tag: str, order: Sequence[Column | str]) -> DataFrame:
-    """``df`` as (tag, n, json): every row as one JSON object, ``n`` its place in ``order``."""
-    place = F.row_number().over(Window.orderBy(*order)) if order else F.lit(0)
+def _as_json(df: DataFrame, tag: str) -> DataFrame:
+    """``df`` as (tag, n, json): every row as one JSON object, ``n`` 0 (unnumbered)."""
     return df.select(
         F.lit(tag).alias("tag"),
-        place.cast("long").alias("n"),
+        F.lit(0).cast("long").alias("n"),
         F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("json"),
     )
+
+
+def _ascending(row: dict[str, Any], order: Sequence[str]) -> tuple[tuple[bool, Any], ...]:
+    """Spark's ascending order of ``row`` by ``order``: nulls first."""
+    return tuple((row[c] is not None, row[c]) if row[c] is not None else (False, 0) for c in order)
 
 
 def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) -> list[DataFrame]:
@@ -125,7 +132,7 @@ def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) 
     top = found.withColumn("_n", place).filter(F.col("_n") <= limit)
     finding_columns = [c for c in top.columns if c not in ("_check", "_n")]
     return [
-        _as_json(counts, "counts", []),
+        _as_json(counts, "counts"),
         top.select(
             F.concat(F.lit("top:"), F.col("_check")).alias("tag"),
             F.col("_n").cast("long").alias("n"),
@@ -137,12 +144,16 @@ def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) 
 def _collect(tables: list[_Table], findings: list[DataFrame]) -> dict[str, list[dict[str, Any]]]:
     """Every report table and the findings in one Spark action (each action costs a job,
     whatever its size): rows grouped by tag, in order."""
-    parts = [_as_json(t.df, t.name, t.order) for t in tables] + findings
+    parts = [_as_json(t.df, t.name) for t in tables] + findings
     rows = functools.reduce(DataFrame.unionByName, parts).collect()
     out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for row in rows:
         out.setdefault(row["tag"], []).append((row["n"], json.loads(row["json"])))
-    return {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
+    got = {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
+    for table in tables:
+        if table.name in got:
+            got[table.name].sort(key=lambda row: _ascending(row, table.order))
+    return got
 
 
 class _Collector:
@@ -182,78 +193,124 @@ class _Collector:
             }
 
 
-def _captures(transactions: DataFrame) -> list[dict[str, Any]]:
-    per_connection = transactions.filter(F.col("kind") == "connection")
-    agg = per_connection.groupBy("capture_id", "source").agg(
-        F.sum("rows").alias("rows"),
-        F.sum("frames").alias("frames"),
-        F.sum("repairs").alias("repairs"),
-        F.count("*").alias("connections"),
-        F.min("first_wall_ns").alias("first_wall_ns"),
-        F.max("last_wall_ns").alias("last_wall_ns"),
-    )
-    return [row.asDict(recursive=True) for row in agg.orderBy("first_wall_ns").collect()]
+_SMALL = ("connection", "latency")
+"""The parts of the audit table the driver reads before the checks run."""
+_BY_API_SCHEMA = "api_key short, requests long, p50_ms double, p99_ms double, max_ms double"
 
 
-def _decoded(facts: DataFrame) -> dict[str, Any]:
+def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row]]:
+    """The audit table's connection and latency rows and the facts' counts, in one Spark
+    action, which also fills both caches."""
+    small = audit.filter(F.col("part").isin(*_SMALL))
+    if facts is not None:
+        counts = facts.filter(F.col("kind") == "fact_count").select(
+            F.lit("fact_count").alias("part"), "fact", "rows"
+        )
+        small = small.unionByName(counts, allowMissingColumns=True)
+    rows = small.collect()
+    return [r for r in rows if r["part"] != "fact_count"], [r for r in rows if r["part"] == "fact_count"]
+
+
+def _captures(connections: list[Row]) -> list[dict[str, Any]]:
+    """Rows, frames, repairs, connections and time span per capture and source."""
+    per: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in connections:
+        got = per.setdefault(
+            (c["capture_id"], c["source"]),
+            {
+                "capture_id": c["capture_id"],
+                "source": c["source"],
+                "rows": 0,
+                "frames": 0,
+                "repairs": 0,
+                "connections": 0,
+                "first_wall_ns": None,
+                "last_wall_ns": None,
+            },
+        )
+        for name in ("rows", "frames", "repairs"):
+            got[name] += c[name] or 0
+        got["connections"] += 1
+        for name, pick in (("first_wall_ns", min), ("last_wall_ns", max)):
+            if c[name] is not None:
+                got[name] = c[name] if got[name] is None else pick(got[name], c[name])
+    return sorted(per.values(), key=lambda r: (r["first_wall_ns"] is not None, r["first_wall_ns"] or 0))
+
+
+def _decoded(counts: list[Row]) -> dict[str, Any]:
     """Facts decoded, by kind (before each Produce answer was merged into its batch)."""
-    counted = facts.filter(F.col("kind") == "fact_count").groupBy("fact").agg(F.sum("rows").alias("count"))
-    return {"facts": {row["fact"]: row["count"] for row in counted.orderBy("fact").collect()}}
+    by_fact: dict[str, int] = {}
+    for row in counts:
+        by_fact[row["fact"]] = by_fact.get(row["fact"], 0) + (row["rows"] or 0)
+    return {"facts": dict(sorted(by_fact.items()))}
 
 
 class _AuditRun:
-    """One audit: the transactions and the facts, each read once and cached, and what each
+    """One audit: the audit table and the facts, each read once and cached, and what each
     check adds to the report's tables and findings (plain DataFrames: nothing runs until
-    :func:`_collect`)."""
+    :func:`_collect`). Checks 1 and 2 and the latency numbers come from the pass
+    (:func:`spark_audit.connections.audit_pass`); Spark only shapes them into findings."""
 
-    def __init__(self, transactions: DataFrame, facts: DataFrame | None, options: AuditOptions) -> None:
-        self.transactions = transactions
+    def __init__(
+        self,
+        audit: DataFrame,
+        facts: DataFrame | None,
+        options: AuditOptions,
+        by_api: list[dict[str, Any]],
+        fact_kinds: frozenset[str] = frozenset(),
+    ) -> None:
+        self.audit = audit
         self.all_facts = facts
         self.options = options
+        self.by_api = by_api
+        self.fact_kinds = fact_kinds
         self.tables: list[_Table] = []
         self.findings: dict[str, DataFrame] = {}
 
-    @functools.cached_property
-    def upstream_pairs(self) -> DataFrame:
-        return upstream_pairs(self.transactions)
+    def _lacks(self, *needed: str) -> bool:
+        """Whether the capture decoded none of the facts a check needs (any of ``needed``):
+        then the check finds nothing, and its plan, a few Spark stages of empty data, is
+        not built at all."""
+        return not self.fact_kinds.intersection(needed)
 
-    @functools.cached_property
-    def client_pairs(self) -> DataFrame:
-        return client_pairs(self.transactions)
+    def _nothing(self) -> DataFrame:
+        return self.audit.sparkSession.createDataFrame([], FINDING_SCHEMA)
+
+    def part(self, name: str) -> DataFrame:
+        """The rows of one part of the audit table, with that part's own columns."""
+        return self.audit.filter(F.col("part") == name).select(*PARTS[name].names)
 
     @functools.cached_property
     def facts(self) -> DataFrame:
-        facts = self.all_facts
-        if facts is None:  # no body check ran, yet --tables asks for them: read them now
-            o = self.options
-            facts = load_facts(self.transactions.sparkSession, o.path, o.via)
-        return facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+        """The ``fact`` rows: every fact but the sends of batches without a producer id."""
+        assert self.all_facts is not None, "the facts are read when a body check runs"
+        return self.all_facts.filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
 
     @functools.cached_property
-    def latencies(self) -> tuple[DataFrame, DataFrame]:
-        lat = latencies(self.client_pairs)
-        return lat, latency_by_api(lat)
-
-    def latency_tables(self) -> None:
-        lat, by_api = self.latencies
-        by_window = latency_by_window(lat, self.options.window_s)
-        self.tables.append(_Table("latency.by_api", by_api, ("api_key",)))
-        self.tables.append(_Table("latency.by_window", by_window, ("window_start_ns", "api_key")))
+    def batch_sends(self) -> DataFrame:
+        """The sends of batches without a producer id, summed per batch and partition."""
+        assert self.all_facts is not None, "the facts are read when a body check runs"
+        return self.all_facts.filter(F.col("kind") == "batch_sends").select(*BATCH_SENDS_SCHEMA.names)
 
     def upstream_ordering(self) -> DataFrame:
-        return upstream_skip_findings(upstream_skips(self.transactions, self.upstream_pairs)).unionByName(
-            upstream_stray_findings(upstream_strays(self.transactions, self.upstream_pairs))
+        return upstream_skip_findings(self.part("skip")).unionByName(
+            upstream_stray_findings(self.part("stray"))
         )
 
     def client_view(self) -> DataFrame:
-        return client_view_findings(client_view(self.transactions, self.client_pairs))
+        return client_view_findings(self.part("client"))
 
     def latency(self) -> DataFrame:
         o = self.options
-        lat, by_api = self.latencies
-        return slow_findings(slow_requests(lat, by_api, o.slow_factor, o.slow_min_ms))
+        by_api = self.audit.sparkSession.createDataFrame(
+            [tuple(r[c] for c in ("api_key", "requests", "p50_ms", "p99_ms", "max_ms")) for r in self.by_api],
+            _BY_API_SCHEMA,
+        )
+        return slow_findings(slow_requests(self.part("slow"), by_api, o.slow_factor, o.slow_min_ms))
 
     def storms(self) -> DataFrame:
+        if self._lacks("error", "leader", "group"):  # the storms' and rebalances' only inputs
+            return self._nothing()
         o = self.options
         windows = error_storms(self.facts, o.window_s, o.storm_threshold)
         groups = rebalances(self.facts, o.window_s, o.rebalance_threshold)
@@ -270,12 +327,15 @@ class _AuditRun:
         )
 
     def offsets(self) -> DataFrame:
+        if any(self._lacks(kind) for kind in ("commit", "commit_ack", "fetched_offset")):  # inner joins
+            return self._nothing()
         return offset_loss_findings(offset_losses(self.facts))
 
     def produce(self) -> DataFrame:
-        tries = attempts(self.facts)
-        return duplicate_findings(duplicate_batches(tries)).unionByName(
-            sequence_findings(sequence_problems(tries))
+        if self._lacks("produce_batch"):
+            return self._nothing()
+        return duplicate_findings(duplicates_of_sends(self.batch_sends)).unionByName(
+            sequence_findings(sequence_problems(attempts(self.facts)))
         )
 
 
@@ -286,25 +346,30 @@ def write_tables(run: _AuditRun, findings: dict[str, DataFrame], directory: str)
     """The three tables as Parquet under ``directory`` (one action each): ``transactions``,
     one row per request with its answer (client side; upstream: the overtaken sends) and per
     stray answer, with ``latency_ms``; ``facts``, what the bodies said; ``anomalies``, every
-    finding of the checks that ran."""
-    frames = run.transactions.filter(F.col("kind") == "frame")
+    finding of the checks that ran. The transactions, and the facts with a row per send, are
+    read only here: the audit itself needs neither a row per request nor one per batch sent
+    in the JVM."""
+    o = run.options
+    spark = run.audit.sparkSession
+    frames = load_transactions(spark, o.path, o.via).filter(F.col("kind") == "frame")
     latency = F.when(F.col("answer_mono_ns").isNotNull(), (F.col("answer_mono_ns") - F.col("mono_ns")) / 1e6)
     transactions = frames.select(
         "capture_id", "source", "connection_id", "side", *PAIRS_COLUMNS[2:], latency.alias("latency_ms")
     )
-    empty = run.transactions.sparkSession.createDataFrame([], FINDING_SCHEMA)
+    facts = load_facts(spark, o.path, o.via).filter(F.col("kind") == "fact").select(*FACT_COLUMNS)
+    empty = spark.createDataFrame([], FINDING_SCHEMA)
     anomalies = functools.reduce(DataFrame.unionByName, findings.values(), empty)
-    for name, df in zip(TABLES, (transactions, run.facts, anomalies), strict=True):
+    for name, df in zip(TABLES, (transactions, facts, anomalies), strict=True):
         df.write.mode("overwrite").parquet(f"{directory.rstrip('/')}/{name}")
 
 
 def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Run the chosen checks over the capture at ``options.path``; the report as a dict.
 
-    Three Spark actions at most, whatever the capture and the checks: one reads the capture
-    into the cached transactions (and counts it), one decodes the bodies into the cached
-    facts (and counts them; only for the body checks), one collects every report table and
-    finding."""
+    Two Spark actions, whatever the capture and the checks (and one per table for
+    ``--tables``): one reads the capture into the cached audit table and facts (the facts
+    only for the body checks) and collects the captures' counts, the facts' counts and the
+    latency summaries; one collects every report table and finding."""
     started = time.monotonic()
     unknown = sorted(set(options.checks) - set(CHECKS))
     if unknown:
@@ -322,24 +387,29 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
     }
     level = StorageLevel.MEMORY_AND_DISK
-    transactions = load_transactions(spark, options.path, options.via).persist(level)
+    audit = load_audit(spark, options.path, options.via, options.window_s, options.slow_min_ms).persist(level)
     bodies = BODY_CHECKS.intersection(chosen)
-    facts = load_facts(spark, options.path, options.via).persist(level) if bodies else None
+    facts = (
+        load_facts(spark, options.path, options.via, sum_plain_sends=True).persist(level) if bodies else None
+    )
     try:
         with progress.step("reading the capture"):
-            report["captures"] = _captures(transactions)
+            small, counts = _read_small(audit, facts)
+            report["captures"] = _captures([r for r in small if r["part"] == "connection"])
             if facts is not None:
-                report["decode"] = _decoded(facts)
+                report["decode"] = _decoded(counts)
+            by_api, by_window = merge_summaries(r.asDict() for r in small if r["part"] == "latency")
         with progress.step("running the checks"):
-            run = _AuditRun(transactions, facts, options)
-            run.latency_tables()
+            kinds = frozenset(k for k, n in report.get("decode", {}).get("facts", {}).items() if n)
+            run = _AuditRun(audit, facts, options, by_api, kinds)
             findings = {check: getattr(run, check)() for check in chosen}
             got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
+            got.update({"latency.by_api": by_api, "latency.by_window": by_window})
         if options.tables:
             with progress.step("writing the tables"):
                 write_tables(run, findings, options.tables)
     finally:
-        transactions.unpersist()
+        audit.unpersist()
         if facts is not None:
             facts.unpersist()
     _fill(report, got)

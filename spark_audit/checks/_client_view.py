@@ -24,10 +24,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_audit.checks._pairing import KEY, overtaken, requests, responses, side_pairs
-
-WRAP_DROP = 1 << 30
-END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")
-"""Close reasons that mean the capture stopped, not the connection (proxy, wire)."""
+from spark_audit.connections import END_OF_CAPTURE_REASONS, WRAP_DROP
 
 COLUMNS = [
     "seq",

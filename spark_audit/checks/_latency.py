@@ -15,8 +15,7 @@ from pyspark.sql import functions as F
 
 from spark_audit.checks._pairing import KEY, requests
 from spark_audit.checks._windows import window_start
-
-ACCURACY = 10_000
+from spark_audit.connections import ACCURACY
 
 
 def latencies(pairs: DataFrame) -> DataFrame:

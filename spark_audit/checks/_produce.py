@@ -23,6 +23,8 @@ from protocol import ApiKey
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 _BATCH = ["topic", "partition", "crc"]
+_FIRST = ["wall_ns", "capture_id", "connection_id", "correlation_id"]
+"""A batch's first send: the least of these, in this order."""
 SEQUENCE_WRAP = 1 << 31
 
 
@@ -48,19 +50,38 @@ def attempts(facts: DataFrame) -> DataFrame:
     )
 
 
-def duplicate_batches(tries: DataFrame) -> DataFrame:
-    """Batches without a producer id sent more than once: ``kind`` appended_twice or
-    possible_duplicate, ``sends``, ``acknowledged`` (count), first and last send."""
+def batch_sends(tries: DataFrame) -> DataFrame:
+    """Each send of a batch without a producer id as a group of one send: the shape
+    (:data:`spark_audit.connections.BATCH_SENDS_SCHEMA`) in which the per-connection pass
+    hands over its partition's sends already summed per batch."""
     plain = tries.filter(
         F.col("crc").isNotNull() & (F.col("producer_id") < 0) & F.col("transactional_id").isNull()
     )
-    first = F.struct("wall_ns", "capture_id", "connection_id", "correlation_id")
-    grouped = plain.groupBy(*_BATCH).agg(
-        F.count("*").alias("sends"),
-        F.count(F.when(F.col("acknowledged"), 1)).alias("acknowledged"),
-        F.count(F.when(F.col("acknowledged").isNull(), 1)).alias("unanswered"),
-        F.min(first).alias("first"),
-        F.max("wall_ns").alias("last_wall_ns"),
+    return plain.select(
+        *_BATCH,
+        *_FIRST,
+        F.lit(1).cast("long").alias("sends"),
+        F.when(F.col("acknowledged"), 1).otherwise(0).cast("long").alias("acknowledged_sends"),
+        F.when(F.col("acknowledged").isNull(), 1).otherwise(0).cast("long").alias("unanswered_sends"),
+        F.col("wall_ns").alias("last_wall_ns"),
+        "record_count",
+    )
+
+
+def duplicate_batches(tries: DataFrame) -> DataFrame:
+    """Batches without a producer id sent more than once: ``kind`` appended_twice or
+    possible_duplicate, ``sends``, ``acknowledged`` (count), first and last send."""
+    return duplicates_of_sends(batch_sends(tries))
+
+
+def duplicates_of_sends(sends: DataFrame) -> DataFrame:
+    """:func:`duplicate_batches` from :func:`batch_sends` rows, or from partial sums of them."""
+    grouped = sends.groupBy(*_BATCH).agg(
+        F.sum("sends").alias("sends"),
+        F.sum("acknowledged_sends").alias("acknowledged"),
+        F.sum("unanswered_sends").alias("unanswered"),
+        F.min(F.struct(*_FIRST)).alias("first"),
+        F.max("last_wall_ns").alias("last_wall_ns"),
         F.max("record_count").alias("record_count"),
     )
     resent = grouped.filter((F.col("sends") > 1) & (F.col("acknowledged") + F.col("unanswered") >= 2))

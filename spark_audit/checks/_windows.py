@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-NS_PER_S = 1_000_000_000
+from spark_audit.connections import NS_PER_S
 
 
 def window_start(wall_ns: Column, window_s: float) -> Column:

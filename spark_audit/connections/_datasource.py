@@ -8,7 +8,11 @@ frame bytes, so no frame is copied. Options: ``path`` (``load(path)``), ``partit
 (default 2) and ``min_partition_rows`` (default 200,000: a small capture stays one
 partition, one Python worker); ``table``: ``transactions`` (the default) or ``facts``, the
 decoded broker-side bodies of the same connections (two narrow tables cost the JVM less than
-one wide one).
+one wide one); or ``audit``, what the default audit reads instead of the transactions
+(:func:`audit_pass`: checks 1 and 2, latency summaries, no row per request), with the
+options ``window_s`` (default 10) and ``slow_min_ms`` (default 100). With
+``sum_plain_sends=true`` the facts table sums the sends of batches without a producer id
+per batch (``batch_sends`` rows) instead of one ``fact`` row per send.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
+from spark_audit.connections._audit import AUDIT_SCHEMA, audit_pass
 from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
@@ -41,7 +46,10 @@ from spark_audit.source import list_files, open_file, stream_batches
 TRANSACTIONS_SOURCE = "corrfix-transactions"
 TRANSACTIONS_SPARK_SCHEMA: StructType = from_arrow_schema(TRANSACTIONS_SCHEMA)
 FACTS_SPARK_SCHEMA: StructType = from_arrow_schema(FACTS_SCHEMA)
-TABLES = {"transactions": TRANSACTIONS_SPARK_SCHEMA, "facts": FACTS_SPARK_SCHEMA}
+AUDIT_SPARK_SCHEMA: StructType = from_arrow_schema(AUDIT_SCHEMA)
+TABLES = {"transactions": TRANSACTIONS_SPARK_SCHEMA, "facts": FACTS_SPARK_SCHEMA, "audit": AUDIT_SPARK_SCHEMA}
+DEFAULT_WINDOW_S = 10.0
+DEFAULT_SLOW_MIN_MS = 100.0
 BATCH_ROWS = 65_536
 DEFAULT_MIN_PARTITION_ROWS = 200_000
 
@@ -110,10 +118,19 @@ def gather_facts(part: Connections) -> pa.Table:
     return pa.concat_tables([FACT_SCHEMA.empty_table(), *facts])
 
 
-def read_connections(part: Connections, table: str = "transactions") -> Iterator[pa.RecordBatch]:
-    """One partition's ``table`` (transactions or facts), as batches of its schema."""
+def read_connections(
+    part: Connections,
+    table: str = "transactions",
+    window_s: float = DEFAULT_WINDOW_S,
+    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    sum_plain_sends: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """One partition's ``table`` (transactions, facts or audit), as batches of its schema."""
     if table == "facts":
-        out = facts_pass(gather_facts(part))
+        out = facts_pass(gather_facts(part), sum_plain_sends)
+    elif table == "audit":
+        rows = gather(part)
+        out = audit_pass(rows, window_s, slow_min_ms) if rows.num_rows else AUDIT_SCHEMA.empty_table()
     else:
         rows = gather(part)
         out = connection_pass(rows) if rows.num_rows else TRANSACTIONS_SCHEMA.empty_table()
@@ -129,6 +146,9 @@ class TransactionsReader(DataSourceReader):
         self.table = options.get("table", "transactions")
         self.partition_count = int(options.get("partitions", 2))
         self.min_rows = int(options.get("min_partition_rows", DEFAULT_MIN_PARTITION_ROWS))
+        self.window_s = float(options.get("window_s", DEFAULT_WINDOW_S))
+        self.slow_min_ms = float(options.get("slow_min_ms", DEFAULT_SLOW_MIN_MS))
+        self.sum_plain_sends = options.get("sum_plain_sends", "false").lower() == "true"
 
     def partitions(self) -> list[InputPartition]:
         index = index_files(list_files(self.path), summary_index(self.path))
@@ -139,12 +159,12 @@ class TransactionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Connections)
-        return read_connections(partition, self.table)
+        return read_connections(partition, self.table, self.window_s, self.slow_min_ms, self.sum_plain_sends)
 
 
 class TransactionsDataSource(DataSource):
     """The ``corrfix-transactions`` format (:data:`TRANSACTIONS_SCHEMA`, or :data:`FACTS_SCHEMA`
-    with ``table=facts``)."""
+    with ``table=facts``, :data:`AUDIT_SCHEMA` with ``table=audit``)."""
 
     @classmethod
     def name(cls) -> str:

@@ -5,12 +5,17 @@ DataFrame by one shuffle by connection and the same pass per group."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_audit.connections._audit import AUDIT_SCHEMA, audit_pass
 from spark_audit.connections._datasource import (
+    AUDIT_SPARK_SCHEMA,
+    DEFAULT_SLOW_MIN_MS,
+    DEFAULT_WINDOW_S,
     FACTS_SPARK_SCHEMA,
     TRANSACTIONS_SOURCE,
     TRANSACTIONS_SPARK_SCHEMA,
@@ -61,13 +66,24 @@ def transactions_of(rows: DataFrame) -> DataFrame:
     )
 
 
-def facts_of(rows: DataFrame) -> DataFrame:
+def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
     """The facts of the same rows, by the same shuffle."""
 
     def one_pass(table: pa.Table) -> pa.Table:
-        return facts_pass(decode_table(broker_frames(table)))
+        return facts_pass(decode_table(broker_frames(table)), sum_plain_sends)
 
     return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, FACTS_SPARK_SCHEMA)
+
+
+def audit_of(
+    rows: DataFrame, window_s: float = DEFAULT_WINDOW_S, slow_min_ms: float = DEFAULT_SLOW_MIN_MS
+) -> DataFrame:
+    """The audit table of the same rows, by the same shuffle."""
+
+    def one_pass(table: pa.Table) -> pa.Table:
+        return audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
+
+    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, AUDIT_SPARK_SCHEMA)
 
 
 def _rows(spark: SparkSession, path: str) -> DataFrame:
@@ -83,23 +99,29 @@ def _small(spark: SparkSession, path: str) -> bool:
     return sum(Path(file).stat().st_size for file in list_files(path)) <= limit
 
 
-def _on_driver(spark: SparkSession, path: str, table: str) -> DataFrame:
+SCHEMAS = {"facts": FACTS_SCHEMA, "audit": AUDIT_SCHEMA, "transactions": TRANSACTIONS_SCHEMA}
+_NO_OPTIONS: dict[str, Any] = {}
+
+
+def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, Any]) -> DataFrame:
     """The same pass, run here on the whole capture as one partition: no Python worker."""
     [planned] = assign(index_files(list_files(path), summary_index(path)), 1) or [None]
-    schema = FACTS_SCHEMA if table == "facts" else TRANSACTIONS_SCHEMA
+    schema = SCHEMAS[table]
     if planned is None:
         return spark.createDataFrame(schema.empty_table())
     part = Connections(planned.connections, planned.files)
-    rows = pa.Table.from_batches(list(read_connections(part, table)), schema=schema)
+    rows = pa.Table.from_batches(list(read_connections(part, table, **options)), schema=schema)
     return spark.createDataFrame(rows.combine_chunks())  # PySpark 4.3 reads only a table's first chunk
 
 
-def _read(spark: SparkSession, path: str, table: str) -> DataFrame:
+def _read(spark: SparkSession, path: str, table: str, options: dict[str, Any] = _NO_OPTIONS) -> DataFrame:
     if _small(spark, path):
-        return _on_driver(spark, path, table)
+        return _on_driver(spark, path, table, options)
     spark.dataSource.register(TransactionsDataSource)
     partitions = 2 * spark.sparkContext.defaultParallelism
     reader = spark.read.format(TRANSACTIONS_SOURCE).option("partitions", str(partitions))
+    for name, value in options.items():
+        reader = reader.option(name, str(value).lower() if isinstance(value, bool) else repr(value))
     return reader.option("table", table).load(path)
 
 
@@ -114,6 +136,22 @@ def load_transactions(spark: SparkSession, path: str, via: Via = "auto") -> Data
     )
 
 
-def load_facts(spark: SparkSession, path: str, via: Via = "auto") -> DataFrame:
-    """The facts of the capture at ``path``: ``kind`` fact and fact_count rows."""
-    return facts_of(_rows(spark, path)) if _by_fallback(path, via) else _read(spark, path, "facts")
+def load_facts(spark: SparkSession, path: str, via: Via = "auto", sum_plain_sends: bool = False) -> DataFrame:
+    """The facts of the capture at ``path``: ``kind`` fact and fact_count rows (and
+    batch_sends rows with ``sum_plain_sends``: :func:`facts_pass`)."""
+    if _by_fallback(path, via):
+        return facts_of(_rows(spark, path), sum_plain_sends)
+    return _read(spark, path, "facts", {"sum_plain_sends": sum_plain_sends})
+
+
+def load_audit(
+    spark: SparkSession,
+    path: str,
+    via: Via = "auto",
+    window_s: float = DEFAULT_WINDOW_S,
+    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+) -> DataFrame:
+    """The audit table of the capture at ``path`` (:data:`AUDIT_SCHEMA`)."""
+    if _by_fallback(path, via):
+        return audit_of(_rows(spark, path), window_s, slow_min_ms)
+    return _read(spark, path, "audit", {"window_s": window_s, "slow_min_ms": slow_min_ms})

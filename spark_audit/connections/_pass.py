@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
+from spark_audit.connections._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
 from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
 from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches
 
@@ -85,13 +86,16 @@ FACTS_SCHEMA = pa.schema(
         *[f.with_nullable(True) for f in FACT_SCHEMA],
         pa.field("acknowledged", pa.bool_()),
         pa.field("rows", pa.int64()),
+        *[f for f in BATCH_SENDS_SCHEMA if f.name not in FACT_SCHEMA.names],
     ]
 )
 """The facts the pass yields, a table of its own (narrow rows cost less in the JVM).
 ``kind`` = ``fact``: one fact of a broker-side body (:data:`FACT_SCHEMA` columns; a
 ``produce_batch`` carries its answer as ``acknowledged``, so no ``produce_ack`` is kept);
 ``fact_count``: ``rows`` facts of kind ``fact`` decoded from the connection, before that
-merge."""
+merge; ``batch_sends`` (only when the pass is asked to sum them): the sends of batches
+without a producer id summed per batch (:data:`BATCH_SENDS_SCHEMA`), which then are not
+``fact`` rows."""
 
 FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
 """The columns of a ``fact`` row of :data:`FACTS_SCHEMA` the checks read."""
@@ -292,17 +296,21 @@ def connection_pass(table: pa.Table) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def facts_pass(facts: pa.Table) -> pa.Table:
+def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
     """The facts of whole connections' bodies (:func:`decode_table`), each Produce batch with
-    its answer, and how many of each kind each connection's bodies gave."""
+    its answer, and how many of each kind each connection's bodies gave; with
+    ``sum_plain_sends``, the sends of batches without a producer id summed per batch."""
     counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
         [([], "count_all")]
     )
     counted = counts.rename_columns({"count_all": "rows"})
     merged = merge_acks(facts)
-    return pa.concat_tables(
-        [_conform(merged, FACTS_SCHEMA, kind="fact"), _conform(counted, FACTS_SCHEMA, kind="fact_count")]
-    )
+    parts = [_conform(counted, FACTS_SCHEMA, kind="fact_count")]
+    if sum_plain_sends:
+        plain = plain_batches(merged)
+        parts.append(_conform(sum_sends(merged.filter(plain)), FACTS_SCHEMA, kind="batch_sends"))
+        merged = merged.filter(pc.invert(plain))
+    return pa.concat_tables([_conform(merged, FACTS_SCHEMA, kind="fact"), *parts])
 
 
 def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.audit_builders import ACKS0, ACKS1, repair, req, resp, row, transactions_df
+from tests.support.audit_builders import ACKS0, ACKS1, repair, req, resp, row, transactions_df, wire_rows
 
 
 @pytest.fixture(scope="module")
@@ -47,32 +47,4 @@ def proxy_capture(spark):
 
 @pytest.fixture(scope="module")
 def wire_capture(spark):
-    w1 = [
-        req("w1", 1, "client", 3, cid=1),
-        req("w1", 2, "client", 3, cid=2),
-        resp("w1", 3, "client", 3, cid=2),
-        resp("w1", 4, "client", 3, cid=1),
-        req("w1", 5, "client", 0, cid=3, frame=ACKS0, api_version=9),
-        resp("w1", 6, "client", 0, cid=3, api_version=9),
-        resp("w1", 7, "client", None, cid=99, reason="unmatched"),
-        req("w1", 8, "client", 18, cid=4),
-        resp("w1", 9, "client", 18, cid=4),
-        resp("w1", 10, "client", 18, cid=4),
-        req("w1", 11, "client", 3, cid=4),
-        resp("w1", 12, "client", 3, cid=4),
-        req("w1", 13, "client", 1, cid=5),
-        req("w1", 14, "client", 3, cid=6),
-        resp("w1", 15, "client", 3, cid=6),
-        req("w1", 16, "client", 3, cid=7),
-        row("w1", 17, "close", reason="fin"),
-    ]
-    w2 = [
-        req("w2", 1, "client", 3, cid=2**31 - 1),
-        resp("w2", 2, "client", 3, cid=2**31 - 1),
-        req("w2", 3, "client", 3, cid=0),
-        resp("w2", 4, "client", 3, cid=0),
-        req("w2", 5, "client", 3, cid=1),
-        row("w2", 6, "close", reason="capture_end,response_gap=10"),
-    ]
-    w3 = [req("w3", 1, "client", 3, cid=9)]
-    return transactions_df(spark, [{**r, "source": "wire"} for r in w1 + w2 + w3])
+    return transactions_df(spark, wire_rows())

@@ -1,0 +1,100 @@
+"""The audit table: what the default audit moves into the JVM from whole connections,
+instead of one transaction row per request. Per partition, a few rows (``part``):
+
+- ``connection``: one per connection, its counts and time span (the report's captures);
+- ``skip``, ``stray``, ``client``: checks 1 and 2, computed in the pass (:mod:`._anomalies`);
+- ``latency``: check 3's mergeable summaries (:mod:`._latency`), merged on the driver;
+- ``slow``: the answered requests slower than the slow-request floor, the only latency rows
+  a finding can come from.
+
+One schema for all of them (the union of their columns, null where a part has none): the
+rows are few, so width costs nothing, and one table is one read and one cache.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_audit.connections._anomalies import (
+    CLIENT_SCHEMA,
+    SKIP_SCHEMA,
+    STRAY_SCHEMA,
+    client_violations,
+    skipped_sends,
+    stray_answers,
+)
+from spark_audit.connections._latency import (
+    LATENCY_SCHEMA,
+    SUMMARY_SCHEMA,
+    answered_requests,
+    slow_candidates,
+    summaries,
+)
+from spark_audit.connections._pass import TRANSACTIONS_SCHEMA, connection_pass
+
+CONNECTION_COLUMNS = (
+    "capture_id",
+    "connection_id",
+    "source",
+    "rows",
+    "frames",
+    "repairs",
+    "first_wall_ns",
+    "last_wall_ns",
+)
+PARTS: dict[str, pa.Schema] = {
+    "connection": pa.schema([TRANSACTIONS_SCHEMA.field(c).with_nullable(True) for c in CONNECTION_COLUMNS]),
+    "skip": SKIP_SCHEMA,
+    "stray": STRAY_SCHEMA,
+    "client": CLIENT_SCHEMA,
+    "latency": SUMMARY_SCHEMA,
+    "slow": LATENCY_SCHEMA,
+}
+"""Each part's own columns, in the order its Spark reference gives them."""
+
+
+def _union() -> pa.Schema:
+    fields: dict[str, pa.Field] = {}
+    for schema in PARTS.values():
+        for field in schema:
+            known = fields.setdefault(field.name, field.with_nullable(True))
+            if known.type != field.type:
+                raise TypeError(f"audit table: {field.name} is {known.type} and {field.type}")
+    return pa.schema([pa.field("part", pa.string(), nullable=False), *fields.values()])
+
+
+AUDIT_SCHEMA = _union()
+
+
+def _as_part(table: pa.Table, part: str) -> pa.Table:
+    n = table.num_rows
+    arrays = [pa.array([part] * n, pa.string())]
+    for field in AUDIT_SCHEMA:
+        if field.name == "part":
+            continue
+        if field.name in table.column_names:
+            arrays.append(table.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    return pa.Table.from_arrays(arrays, schema=AUDIT_SCHEMA)
+
+
+def audit_pass(table: pa.Table, window_s: float, slow_min_ms: float) -> pa.Table:
+    """The audit table of ``table``: the rows of whole connections, as for
+    :func:`connection_pass`."""
+    if table.num_rows == 0:
+        return AUDIT_SCHEMA.empty_table()
+    transactions = connection_pass(table)
+    kind = transactions.column("kind")
+    connections = transactions.filter(pc.equal(kind, "connection"))
+    lat = answered_requests(transactions)
+    parts = {
+        "connection": connections.select(list(CONNECTION_COLUMNS)),
+        "skip": skipped_sends(transactions),
+        "stray": stray_answers(transactions),
+        "client": client_violations(transactions),
+        "latency": summaries(lat, window_s),
+        "slow": slow_candidates(lat, slow_min_ms),
+    }
+    return pa.concat_tables([_as_part(rows, part) for part, rows in parts.items()])

@@ -1,0 +1,87 @@
+"""The sends of batches without a producer id, summed per batch in each partition: a
+Produce-heavy capture has one such fact per batch sent, and the duplicate check only counts
+them per (topic, partition, CRC), so the JVM gets one row per batch and partition instead.
+
+The sums are exactly the partial aggregates of ``spark_audit.checks.duplicates_of_sends``:
+sends, acknowledged and unanswered sends, the first send (least wall time, capture,
+connection, correlation id, nulls first) and the last send's time and the largest record
+count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import ApiKey
+from spark_audit.decode import FACT_SCHEMA
+
+BATCH = ("topic", "partition", "crc")
+FIRST = ("wall_ns", "capture_id", "connection_id", "correlation_id")
+BATCH_SENDS_SCHEMA = pa.schema(
+    [
+        *[FACT_SCHEMA.field(name).with_nullable(True) for name in (*BATCH, *FIRST)],
+        pa.field("sends", pa.int64()),
+        pa.field("acknowledged_sends", pa.int64()),
+        pa.field("unanswered_sends", pa.int64()),
+        pa.field("last_wall_ns", pa.int64()),
+        FACT_SCHEMA.field("record_count").with_nullable(True),
+    ]
+)
+"""Per batch (topic, partition, CRC): the first send's columns, then the sums."""
+
+
+def plain_batches(facts: pa.Table) -> pa.Array:
+    """Which of ``facts`` (each Produce batch with ``acknowledged``) are sends of a batch
+    without a producer id, outside a transaction: the duplicate check's batches."""
+    fact, api_key = facts.column("fact"), facts.column("api_key")
+    chosen = pc.and_(pc.equal(fact, "produce_batch"), pc.equal(api_key, ApiKey.PRODUCE))
+    plain = pc.and_(pc.is_valid(facts.column("crc")), pc.less(facts.column("producer_id"), 0))
+    chosen = pc.and_(chosen, pc.and_(plain, pc.is_null(facts.column("transactional_id"))))
+    out = pc.fill_null(chosen, False)
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+def _differs(column: pa.Array) -> np.ndarray:
+    """Whether each row's value differs from the previous row's (nulls equal each other)."""
+    a, b = column[1:], column[:-1]
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    differs = pc.if_else(both_null, False, pc.fill_null(pc.not_equal(a, b), True))
+    return differs.to_numpy(zero_copy_only=False)
+
+
+def _reduce(column: pa.Array, starts: np.ndarray, ufunc: np.ufunc, fill: int) -> pa.Array:
+    """``ufunc`` over each group's non-null values (null when it has none)."""
+    values = pc.fill_null(pc.cast(column, pa.int64()), fill).to_numpy(zero_copy_only=False)
+    valid = np.add.reduceat(column.is_valid().to_numpy(zero_copy_only=False).astype(np.int64), starts)
+    return pa.array(ufunc.reduceat(values, starts), pa.int64(), mask=valid == 0)
+
+
+def sum_sends(sends: pa.Table) -> pa.Table:
+    """:data:`BATCH_SENDS_SCHEMA` rows of ``sends`` (rows of :func:`plain_batches`)."""
+    n = sends.num_rows
+    if n == 0:
+        return BATCH_SENDS_SCHEMA.empty_table()
+    keys = [(name, "ascending", "at_start") for name in (*BATCH, *FIRST)]
+    order = pc.sort_indices(sends, sort_keys=keys)
+    t = sends.take(order).combine_chunks()
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for name in BATCH:
+        new[1:] |= _differs(t.column(name).chunk(0))
+    starts = np.flatnonzero(new)
+    firsts = t.take(pa.array(starts))
+    acknowledged = t.column("acknowledged").chunk(0)
+    acked = pc.fill_null(acknowledged, False).to_numpy(zero_copy_only=False).astype(np.int64)
+    unanswered = acknowledged.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+    low = np.iinfo(np.int64).min
+    columns = {name: firsts.column(name) for name in (*BATCH, *FIRST)}
+    columns.update(
+        sends=pa.array(np.diff(np.append(starts, n)), pa.int64()),
+        acknowledged_sends=pa.array(np.add.reduceat(acked, starts), pa.int64()),
+        unanswered_sends=pa.array(np.add.reduceat(unanswered, starts), pa.int64()),
+        last_wall_ns=_reduce(t.column("wall_ns").chunk(0), starts, np.maximum, low),
+        record_count=_reduce(t.column("record_count").chunk(0), starts, np.maximum, low),
+    )
+    return pa.table([columns[f.name].cast(f.type) for f in BATCH_SENDS_SCHEMA], schema=BATCH_SENDS_SCHEMA)
