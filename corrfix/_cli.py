@@ -202,7 +202,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         dest="engine",
         action="store_false",
         help="relay every connection with tasks of its own instead of the relay engine (one epoll "
-        "set and one task for every plaintext connection); TLS connections always use tasks "
+        "set and one thread for every plaintext connection); TLS connections always use tasks "
         "(in --config: engine = false)",
     )
     limits = p.add_argument_group("limits")
