@@ -11,7 +11,9 @@ are searched for, and a candidate is taken only once it is **proven**:
   connection that is still unanswered);
 * its body decodes with kafka-python to exactly its declared length;
 * the next frame start it implies lands on a plausible header, or exactly at the end of
-  the bytes captured so far (the end of a segment, a hole, or the capture's end);
+  the bytes captured so far (the end of a segment, a hole, or the capture's end); after a
+  response, that header must answer a request sent after the candidate's own, since
+  answers come in request order;
 * it is no longer than the bytes captured from its start (so a size prefix read out of a
   body cannot swallow the real frames after it).
 
@@ -163,7 +165,8 @@ class ResponseBoundary(Boundary):
     ``lookup(id)`` gives the api key and version of the oldest unanswered request with that
     id (None if there is none); ``pending_ids()`` every unanswered id, newest last;
     ``highest_id()`` the highest request id seen. After a response, the next one may also
-    answer a request the capture lost: any id above its own, up to the highest seen.
+    answer a request the capture lost: any id above its own, up to the highest seen, or a
+    waiting request sent after its own (never an older one: answers come in request order).
     """
 
     min_size = MIN_RESPONSE_SIZE
@@ -223,10 +226,19 @@ class ResponseBoundary(Boundary):
         if not self.sane_size(size):
             return Verdict.REJECT
         highest = self._highest_id()
-        later = highest is not None and previous.correlation_id < correlation_id <= highest
-        if later or (correlation_id != previous.correlation_id and self._lookup(correlation_id)):
+        if highest is not None and previous.correlation_id < correlation_id <= highest:
             return Verdict.ACCEPT
-        return Verdict.REJECT
+        later = self._sent_after(correlation_id, previous.correlation_id)
+        return Verdict.ACCEPT if correlation_id != previous.correlation_id and later else Verdict.REJECT
+
+    def _sent_after(self, correlation_id: int, previous: int) -> bool:
+        """Whether a request still waiting under ``correlation_id`` was sent after ``previous``'s:
+        answers come in request order, so a frame that would answer an older request cannot
+        follow (inside an opaque body, chains of small waiting ids line up all too often)."""
+        if self._lookup(correlation_id) is None:
+            return False
+        order = {cid: i for i, cid in enumerate(self._pending_ids())}  # newest last
+        return order.get(correlation_id, -1) > order.get(previous, len(order))
 
     def _prefix_sane(self, buf: memoryview) -> bool:
         return len(buf) < SIZE_PREFIX or self.sane_size(int.from_bytes(buf[:SIZE_PREFIX], "big", signed=True))
@@ -527,7 +539,8 @@ class FrameSplitter:
         A body that cannot be decoded is proven by ending exactly where the stream ends, or
         by the frame after it: a request by a plausible request header there (api key,
         version, correlation id, printable client id and tagged fields line up rarely by
-        chance); a response only by the next frame's own exact decode, as a plausible
+        chance); a response only by the next frame's own exact decode, as the answer to a
+        later request, as a plausible
         response header (an id that is waiting, a size below the maximum) turns up inside
         an opaque body all too often.
         """
@@ -545,7 +558,7 @@ class FrameSplitter:
                 return _PROVEN  # it ends where the captured bytes end
             return Verdict.REJECT if final else _Wait(end + 1)
         if not decoded and not boundary.strong_header:
-            return self._prove_by_next(view, end, final)
+            return self._prove_by_next(view, end, final, header)
         following = boundary.follows(view[end:], header)
         if following is Verdict.ACCEPT:
             return _PROVEN
@@ -570,12 +583,15 @@ class FrameSplitter:
             return Verdict.REJECT if final else _Wait(end)
         return header, end
 
-    def _prove_by_next(self, view: memoryview, start: int, final: bool) -> Verdict | _Wait:
-        """Whether a frame whose body kafka-python decodes exactly starts at ``start``."""
+    def _prove_by_next(self, view: memoryview, start: int, final: bool, previous: Header) -> Verdict | _Wait:
+        """Whether a frame that may follow ``previous`` (an answer to a later request), and whose
+        body kafka-python decodes exactly, starts at ``start``."""
         found = self._frame_at(view, start, final)
         if not isinstance(found, tuple):
             return found
         header, end = found
+        if self.boundary.follows(view[start:], previous) is not Verdict.ACCEPT:
+            return Verdict.REJECT
         return _PROVEN if self.boundary.body_decodes(view[start:end], header) else Verdict.REJECT
 
     def _synchronise(self, found: int, out: list[WireFrame]) -> None:

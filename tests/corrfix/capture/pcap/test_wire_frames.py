@@ -10,6 +10,7 @@ from corrfix.capture.pcap import (
     ResponseBoundary,
     StreamReassembler,
 )
+from protocol import ApiKey
 from tests.support.kafka_frames import api_versions, metadata, produce
 
 
@@ -107,3 +108,25 @@ def test_reassembler_keeps_a_fin_out_of_the_data():
     assert stream.segment(100, b"abc", 3, 1, fin=True) == [Data(0, b"abc", 1)]
     assert stream.acknowledged(104, 2) == []  # the FIN's sequence number is no data
     assert stream.finish(3) == []
+
+
+# The tail of a Tansu ApiVersions v3 answer, recorded: its (api key, min, max) entries read as a
+# 10-byte "answer" to request 6 (GetTelemetrySubscriptions v0, no kafka-python schema) followed
+# by a 29-byte "answer" to request 3 (ListOffsets v7) that kafka-python decodes exactly.
+API_VERSIONS_TAIL = bytes.fromhex(
+    "0000000a000000060000450000000000001d0000000300000d000000050000240000000200001900000004"
+    "0000160000000500003c0000000100000200000009000012000000040000100000000500001100000001"
+    "000015000000020000030000000c0000000000040001010108ffffffffffffffff020101030100"
+)
+
+
+def test_an_answer_is_not_proven_by_a_frame_that_would_answer_an_older_request():
+    """Answers come in request order: a candidate answer to request 6 is not proven by a frame
+    after it that would answer request 3, however exactly that frame decodes."""
+    pending = {3: (ApiKey.LIST_OFFSETS, 7), 6: (ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, 0), 7: (18, 3)}
+    boundary = ResponseBoundary(pending.get, lambda: iter(pending), lambda: max(pending))
+    splitter = FrameSplitter(boundary, synced=False)
+    wanted = api_versions(7).response
+    frames = feed(splitter, Data(0, API_VERSIONS_TAIL + wanted, 0))
+    assert [f.data for f in frames] == [wanted]
+    assert frames[0].skipped_before == len(API_VERSIONS_TAIL)
