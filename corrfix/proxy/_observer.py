@@ -44,10 +44,6 @@ class SerializedObserver:
         self._lock = threading.Lock()
 
     @property
-    def inner(self) -> ConnectionObserver:
-        return self._inner
-
-    @property
     def snaplen(self) -> int:
         return self._inner.snaplen
 
