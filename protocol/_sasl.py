@@ -33,7 +33,7 @@ class SaslV0Tokens:
     by this one rule.
     """
 
-    __slots__ = ("_mechanism", "_owed", "_rounds", "active")
+    __slots__ = ("_mechanism", "_owed", "_rounds", "active", "tokens_owed")
 
     def __init__(self) -> None:
         self._mechanism: str | None = None  # of a handshake not yet answered ("" if unreadable)
@@ -41,6 +41,9 @@ class SaslV0Tokens:
         self._owed = 0  # tokens sent, not answered yet
         self.active = False
         """True while client frames are tokens (an attribute: relays read it per frame)."""
+        self.tokens_owed = False
+        """True while a broker frame may answer a token: False means :meth:`answer_is_token`
+        is False, so a relay reads this per frame instead of calling it."""
 
     def handshake_sent(self, frame: BytesLike) -> None:
         try:
@@ -55,10 +58,12 @@ class SaslV0Tokens:
             return
         self._rounds = SASL_V0_ROUNDS.get(mechanism.upper()) if mechanism else None
         self.active = self._rounds is None or self._rounds > 0
+        self.tokens_owed = self._owed > 0 or self._rounds is None
 
     def request_is_token(self) -> bool:
         if self.active:
             self._owed += 1
+            self.tokens_owed = True
             return True
         return False
 
@@ -68,5 +73,6 @@ class SaslV0Tokens:
             if self._rounds is not None:
                 self._rounds -= 1
                 self.active = self._rounds > 0
+            self.tokens_owed = self._owed > 0 or self._rounds is None
             return True
         return False

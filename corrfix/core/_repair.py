@@ -80,7 +80,9 @@ class Phase(Enum):
 ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
 """``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery."""
 LocalAnswer = Callable[[RequestHeader], bytes | None]
-"""Returns the proxy's own answer to a request it must not forward (with the client's id)."""
+"""Returns the proxy's own answer to a request it must not forward (with the client's id).
+Asked about ApiVersions and SASL requests only (``PREAMBLE_KEYS``): what a proxy may answer
+itself is version negotiation, and the hot path's requests cost no call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,8 @@ class _Request:
         self.sent_at = now
         self.attempts = 1
         self.response: bytearray | None = None
-        self.hold: float | None = None
+        # Only a Fetch may be held by the broker (a long poll): its hold is read when needed.
+        self.hold: float | None = None if self.api_key == _FETCH else 0.0
         self.seq = 0
         self.upstream_id = 0
 
@@ -288,10 +291,10 @@ class RepairMachine:
             if api_key in PREAMBLE_KEYS:
                 if api_key == _API_VERSIONS and self.config.client_compat:
                     self._identify_client(frame, header)
+                if local_answer is not None and self._answer_locally(frame, header, now):
+                    continue
             elif self._preamble:
                 self._preamble = False
-            if local_answer is not None and self._answer_locally(frame, header, now):
-                continue
             upstream_id = self._next_upstream_id
             if upstream_id in sent or upstream_id in self._acks0 or upstream_id >= MAX_CORRELATION_ID:
                 upstream_id = self._allocate_id()
@@ -329,7 +332,7 @@ class RepairMachine:
         for frame in frames:
             if self.closed is not None:
                 break
-            if sasl_v0.answer_is_token():
+            if sasl_v0.tokens_owed and sasl_v0.answer_is_token():
                 self._deliver_ready(actions)  # answers read before the token go first
                 actions.to_client.append(frame)
                 continue
@@ -468,11 +471,15 @@ class RepairMachine:
             return
         order = self._send_order
         # The broker answers in order: the answer is nearly always to the oldest send.
-        found_loss = 0 if order[0] is entry else self._skip_before(entry.seq, now, actions, "later response")
-        if self.closed is not None:
-            return
-        popped = order.pop(0)
-        assert popped is entry
+        if order[0] is entry:
+            del order[0]
+            found_loss = 0
+        else:
+            found_loss = self._skip_before(entry.seq, now, actions, "later response")
+            if self.closed is not None:
+                return
+            popped = order.pop(0)
+            assert popped is entry
         del self._sent[upstream_id]
         if self._acks0:
             self._forget_acks0_before(entry.seq)
@@ -596,9 +603,7 @@ class RepairMachine:
             self._held_bytes -= len(response)
             if request.api_key in SASL_KEYS:
                 self._sasl_pending -= 1
-            actions.to_client.append(response)
-            request.response = None
-            request.frame = bytearray()
+            actions.to_client.append(response)  # nothing holds the request any longer
 
     def _hold(self, request: _Request) -> float:
         """How long the broker may legitimately keep this request (a Fetch long-poll)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 from protocol import SaslV0Tokens
@@ -60,3 +62,23 @@ def test_pipelined_tokens_are_answered_in_order():
     assert tokens.request_is_token() and tokens.request_is_token()
     assert tokens.answer_is_token() and tokens.answer_is_token()
     assert not tokens.active
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mechanism=st.sampled_from(["PLAIN", "SCRAM-SHA-256", "GSSAPI", "OAUTHBEARER"]),
+    error_code=st.sampled_from([0, 0, 33]),
+    steps=st.lists(st.sampled_from(["request", "answer", "handshake"]), max_size=30),
+)
+def test_tokens_owed_says_whether_the_next_answer_is_a_token(mechanism, error_code, steps):
+    """Relays read ``tokens_owed`` per broker frame instead of calling answer_is_token()."""
+    tokens = SaslV0Tokens()
+    for step in steps:
+        if step == "handshake":
+            tokens.handshake_sent(handshake(mechanism))
+            tokens.handshake_answered(answer(error_code))
+        elif step == "request":
+            tokens.request_is_token()
+        else:
+            owed = tokens.tokens_owed
+            assert tokens.answer_is_token() == owed
