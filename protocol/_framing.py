@@ -7,11 +7,14 @@ and its correlation id patched at a fixed offset, with no re-encode.
 
 from __future__ import annotations
 
+import struct
+
 from protocol._errors import FrameSizeError
 
 BytesLike = bytes | bytearray | memoryview
 
 SIZE_PREFIX = 4
+_SIZE = struct.Struct(">i")
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
 
 
@@ -43,13 +46,19 @@ class FrameDecoder:
         decoder is then unusable and the connection should be closed.
         """
         buf = self._buf
+        if not buf and len(data) >= SIZE_PREFIX:
+            # Nothing buffered and the chunk is exactly one frame (the usual receive at one
+            # request in flight): one copy, no slices.
+            (size,) = _SIZE.unpack_from(data)
+            if size + SIZE_PREFIX == len(data) and size <= self.max_frame_size:
+                return [bytearray(data)]
         buf += data
         frames: list[bytearray] = []
         pos = self._pos
         end = len(buf)
         max_size = self.max_frame_size
         while end - pos >= SIZE_PREFIX:
-            size = int.from_bytes(buf[pos : pos + SIZE_PREFIX], "big", signed=True)
+            (size,) = _SIZE.unpack_from(buf, pos)
             if size < 0 or size > max_size:
                 raise FrameSizeError(size, max_size, peer=self.peer)
             stop = pos + SIZE_PREFIX + size

@@ -626,13 +626,16 @@ class RepairMachine:
             return None
         head = order[0]
         last = order[-1]
-        backoff = 2**self._probe_backoff
+        backoff = 1 << self._probe_backoff
         if isinstance(last, _Probe):
             # A probe is already behind every request: wait for it before the next one.
             return last.sent_at + self._timer.timeout(_API_VERSIONS) * backoff
         if isinstance(head, _Probe):
             return head.sent_at + self._timer.timeout(_API_VERSIONS) * backoff
-        return head.sent_at + self._hold(head) + self._timer.timeout(head.api_key) * backoff
+        hold = head.hold
+        if hold is None:
+            hold = self._hold(head)
+        return head.sent_at + hold + self._timer.timeout(head.api_key) * backoff
 
     def _send_probe(self, now: float, actions: Actions) -> None:
         upstream_id = self._allocate_id()

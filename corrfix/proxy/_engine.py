@@ -211,6 +211,7 @@ class RelayEngine:
             receive_buffer() if receive_size is None else bytearray(receive_size)
         )
         self._buffers = [self._buffer]
+        self._view = memoryview(self._buffer)  # sliced per receive: one object, not two
         self._size = len(self._buffer)
         self._fair_reads = fair_reads
         self._epoll: select.epoll | None = None
@@ -487,7 +488,7 @@ class RelayEngine:
                 self._sync(relayed, now)
                 return
             # No await until the core is done with it: the buffer is shared by every socket.
-            data = memoryview(self._buffer)[:received]
+            data = self._view[:received]
             if side.client:
                 if received and sinks.metrics is not None:
                     sinks.received_from_client(received)
