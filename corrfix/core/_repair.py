@@ -175,6 +175,7 @@ class RepairMachine:
 
     __slots__ = (
         "_acks0",
+        "_answer_events",
         "_client_order",
         "_compat_client",
         "_flow_events",
@@ -203,11 +204,14 @@ class RepairMachine:
         transform: ResponseTransform | None = None,
         local_answer: LocalAnswer | None = None,
         flow_events: bool = True,
+        answer_events: bool | None = None,
     ) -> None:
         self.config = config or RepairConfig()
-        # Forwarded and Answered events, one per request: only when something consumes them
-        # (metrics, capture), as they cost an object each on the hot path.
+        # Forwarded and Answered events, one per request: only when something consumes them,
+        # as they cost an object each on the hot path. Forwarded links a client's id to the
+        # upstream one (capture, request counts); Answered carries a latency (metrics only).
         self._flow_events = flow_events
+        self._answer_events = flow_events if answer_events is None else answer_events
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
@@ -502,7 +506,7 @@ class RepairMachine:
                 hold = self._hold(entry)
             sample = now - entry.sent_at - hold
             self._timer.observe(entry.api_key, sample if sample > 0.0 else 0.0)
-        if self._flow_events:
+        if self._answer_events:
             actions.events.append(
                 Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
             )

@@ -102,6 +102,7 @@ class ProxyConnection:
             transform=router.transform if router else None,
             local_answer=router.local_answer if router else None,
             flow_events=metrics is not None or observer is not None,
+            answer_events=metrics is not None,  # a latency per answer: capture times its own rows
         )
         self.core: ConnectionCore | None = None  # once both sides are connected
         self._relayed: Relayed | None = None  # in the engine

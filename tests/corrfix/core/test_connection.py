@@ -48,6 +48,15 @@ def test_a_request_goes_upstream_under_the_proxys_id_and_its_answer_comes_back_u
     assert core.take_events() == [Answered(ApiKey.METADATA, 500, 0, 0.5)]
 
 
+def test_forwarded_events_without_answered_ones_for_a_capture_without_metrics():
+    core = ConnectionCore(CONFIG, RepairMachine(CONFIG.repair, flow_events=True, answer_events=False), 0.0)
+    core.receive_client(request_frame(ApiKey.METADATA, 500, 7), 1.0)
+    assert core.take_events() == [Forwarded(500, 0, ApiKey.METADATA, 0)]
+    core.receive_upstream(response_frame(0, 7), 1.5)
+    assert core.take_client() == [response_frame(500, 7)]
+    assert core.take_events() == []
+
+
 def test_bytes_split_anywhere_make_the_same_frames():
     frame = request_frame(ApiKey.METADATA, 1, 1)
     core = make_core()
