@@ -56,11 +56,19 @@ def _read(reader, path: Path) -> tuple[object, dict]:
 )
 def test_the_table_reader_reads_what_the_per_packet_reader_reads(tmp_path, count, payload, cut, flips):
     path = write_pcap(tmp_path / "t.pcap", _segments(count, payload))
+    _assert_read_alike(path, count, cut, flips, header=24)
+
+
+def _assert_read_alike(
+    path: Path, count: int, cut: float, flips: list[tuple[float, int]], header: int
+) -> None:
+    """Both readers give the same on the file and on a copy with bits flipped, then cut (not
+    inside its first ``header`` bytes); the whole file holds ``count`` segments."""
     data = bytearray(path.read_bytes())
     for where, mask in flips:
         data[int(where * (len(data) - 1))] ^= mask
-    damaged = tmp_path / "damaged.pcap"
-    damaged.write_bytes(bytes(data[: max(int(cut * len(data)), 24)]) if cut < 1 else bytes(data))
+    damaged = path.with_name("damaged" + path.suffix)
+    damaged.write_bytes(bytes(data[: max(int(cut * len(data)), header)]) if cut < 1 else bytes(data))
     whole, stats = _read(read_segments, path)
     assert isinstance(whole, list) and len(whole) == stats["tcp"] == count
     for file in (path, damaged):
@@ -105,12 +113,4 @@ def test_the_pcapng_block_chain_is_the_per_packet_readers(
     that look like blocks, cuts and flipped bits must not change what is read."""
     pcap = write_pcap(tmp_path / "t.pcap", _segments(count, payload))
     path = _pcapng(tmp_path / "t.pcapng", pcap, comments, others, fakes)
-    data = bytearray(path.read_bytes())
-    for where, mask in flips:
-        data[int(where * (len(data) - 1))] ^= mask
-    damaged = tmp_path / "damaged.pcapng"
-    damaged.write_bytes(bytes(data[: max(int(cut * len(data)), 12)]) if cut < 1 else bytes(data))
-    whole, stats = _read(read_segments, path)
-    assert isinstance(whole, list) and len(whole) == stats["tcp"] == count
-    for file in (path, damaged):
-        assert _read(read_segments, file) == _read(read_segments_per_packet, file)
+    _assert_read_alike(path, count, cut, flips, header=12)
