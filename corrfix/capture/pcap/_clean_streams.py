@@ -5,8 +5,11 @@ segments come in order and back to back (the next one starts where the last ende
 is retransmitted, cut by the snap length or acknowledged before it was captured, and each
 direction ends on a frame boundary. For such a connection the per-segment path
 (:class:`._import.WireConnection`) can do nothing but frame each direction from its first
-byte on, so here the direction's payloads are joined once and framed in one walk; frame
-times and row order come from where each frame starts and ends among the packets.
+byte on, so here the direction is framed in one pass; frame times and row order come from
+where each frame starts and ends among the packets. When each packet holds one whole frame
+(checked for all at once), the frames are read where they lie in the mapped file and copied
+once, into the batch written (:class:`FrameSource`); otherwise the direction's payloads
+are joined and framed in one walk.
 
 Every condition is checked for all the connection's packets at once (numpy), and a
 connection that misses one goes through the per-segment path, which stays the reference:
@@ -16,6 +19,7 @@ the rows made here are the rows it would make, in its order (checked by the test
 from __future__ import annotations
 
 import collections
+import mmap
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ _Ints = npt.NDArray[np.int64]
 _SEQ_MOD = 1 << 32
 _HALF = 1 << 31
 _MAX_STREAM = 1 << 30  # bytes per direction: offsets stay far from sequence number wrap-around
+_MAX_MAPPED = (1 << 31) - 1  # frames read in place from files up to this size (Arrow's int32 offsets)
 MIN_PACKETS = 32
 """Connections with fewer packets go through the per-segment path: cheaper than the set-up here."""
 _SIZE = struct.Struct(">i")
@@ -49,10 +54,18 @@ NO_REASON = -1
 
 @dataclass(slots=True)
 class Direction:
-    """One direction of a clean connection, framed: the joined payloads and where frames start."""
+    """One direction of a clean connection, framed: where its frames start in the stream (each
+    ends where the next starts) and where their bytes are (``at`` in ``buffer``: the mapped
+    file when each packet holds one frame, else the joined payloads)."""
 
-    data: bytes
-    starts: _Ints  # frame offsets in ``data``; each frame ends where the next starts
+    starts: _Ints
+    size: int  # the stream's bytes
+    buffer: mmap.mmap | bytes
+    at: _Ints
+
+    @property
+    def lengths(self) -> _Ints:
+        return np.diff(np.append(self.starts, self.size))
 
 
 @dataclass(slots=True)
@@ -243,31 +256,41 @@ def _connection(
 def _frames(
     columns: PacketColumns, rows: _Ints, requests: bool, max_frame_size: int
 ) -> tuple[Direction, _Ints] | None:
-    """The direction's payloads joined and framed (frame starts and ends), or None when a size
-    is impossible or the last frame is not whole."""
-    data = b"".join(
-        map(columns.data.__getitem__, map(slice, columns.start[rows].tolist(), columns.stop[rows].tolist()))
-    )
+    """The direction framed (and its frame ends in the stream), or None when a size is
+    impossible or the last frame is not whole."""
     smallest = MIN_REQUEST_SIZE if requests else _MIN_RESPONSE_SIZE
-    at = _one_frame_per_packet(data, columns.length[rows], smallest, max_frame_size)
-    if at is None:
-        at = _walk(data, smallest, max_frame_size)
-        if at is None:
+    lengths = columns.length[rows]
+    size = int(lengths.sum())
+    starts = _one_frame_per_packet(columns.data, columns.start[rows], lengths, smallest, max_frame_size)
+    if starts is not None and len(columns.data) <= _MAX_MAPPED:
+        direction = Direction(starts, size, columns.data, columns.start[rows])
+    else:
+        data = b"".join(
+            map(
+                columns.data.__getitem__,
+                map(slice, columns.start[rows].tolist(), columns.stop[rows].tolist()),
+            )
+        )
+        starts = _walk(data, smallest, max_frame_size)
+        if starts is None:
             return None
-    ends = np.append(at[1:], len(data)) if len(at) else at
-    return Direction(data, at), ends
+        direction = Direction(starts, size, data, starts)
+    ends = np.append(starts[1:], size) if len(starts) else starts
+    return direction, ends
 
 
-def _one_frame_per_packet(data: bytes, lengths: _Ints, smallest: int, largest: int) -> _Ints | None:
-    """The packets' starts, when each packet holds exactly one whole frame (small requests and
-    answers usually do): checked for all at once. None when not."""
-    starts = np.cumsum(lengths) - lengths
-    if not len(starts) or (lengths < SIZE_PREFIX).any():
+def _one_frame_per_packet(
+    data: mmap.mmap, at: _Ints, lengths: _Ints, smallest: int, largest: int
+) -> _Ints | None:
+    """The frames' starts in the stream, when each packet (payload at ``at`` in ``data``)
+    holds exactly one whole frame (small requests and answers usually do): checked for all
+    at once. None when not."""
+    if not len(at) or (lengths < SIZE_PREFIX).any():
         return None
-    sizes = big_endian(data, starts, SIZE_PREFIX, signed=True)
+    sizes = big_endian(data, at, SIZE_PREFIX, signed=True)
     if ((sizes + SIZE_PREFIX) != lengths).any() or (sizes < smallest).any() or (sizes > largest).any():
         return None
-    return starts
+    return np.cumsum(lengths) - lengths
 
 
 def _walk(data: bytes, smallest: int, largest: int) -> _Ints | None:
@@ -310,17 +333,12 @@ def _rows(
     is_request, done, number = is_request[order], done[order], number[order]
     frame_ts = np.concatenate([request_ts, response_ts])[order]
 
-    at = requests.starts + SIZE_PREFIX
-    keys = big_endian(requests.data, at, 2, signed=True)
-    versions = big_endian(requests.data, at + 2, 2, signed=True)
-    request_ids = big_endian(requests.data, at + 4, 4, signed=True)
-    response_ids = big_endian(responses.data, responses.starts + SIZE_PREFIX, 4, signed=True)
-    lengths = np.concatenate(
-        [
-            np.diff(np.append(requests.starts, len(requests.data))),
-            np.diff(np.append(responses.starts, len(responses.data))),
-        ]
-    )[order]
+    at = requests.at + SIZE_PREFIX
+    keys = big_endian(requests.buffer, at, 2, signed=True)
+    versions = big_endian(requests.buffer, at + 2, 2, signed=True)
+    request_ids = big_endian(requests.buffer, at + 4, 4, signed=True)
+    response_ids = big_endian(responses.buffer, responses.at + SIZE_PREFIX, 4, signed=True)
+    lengths = np.concatenate([requests.lengths, responses.lengths])[order]
     ids = np.concatenate([request_ids, response_ids])[order]
     found = _match_unique(is_request, ids, keys, versions, number)
     if found is None:
@@ -466,7 +484,8 @@ class RowColumns:
     the packet that completed the row; :data:`AT_END` for rows made at the end of the capture),
     then ``opened`` (at the end: the first packet of the row's connection), then ``rank``."""
 
-    columns: dict[str, pa.Array]
+    columns: dict[str, pa.Array]  # all but ``frame``
+    frames: FrameSource  # the ``frame`` column
     packet: _Ints
     opened: _Ints
     rank: _Ints
@@ -474,6 +493,66 @@ class RowColumns:
 
 
 AT_END = np.iinfo(np.int64).max
+
+
+@dataclass(slots=True)
+class FrameSource:
+    """The ``frame`` column, for taking rows from without building it first: ``chunks`` hold
+    every frame's bytes, ``rows[i]`` is where row ``i``'s frame is among them (-1: null).
+
+    Frames read in place are one binary array over the whole mapped file, whose elements are
+    those frames and the bytes between them (frame ``k`` in file order is element ``2k``), so
+    taking rows copies each frame once, from the file. Frames of joined payloads have an
+    array each.
+    """
+
+    chunks: list[pa.Array]
+    index: _Ints  # the frames' positions among the chunks' elements, by frame number
+    rows: _Ints = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @classmethod
+    def of(cls, directions: list[Direction]) -> FrameSource:
+        """The frames of these directions, numbered in this order."""
+        counts = [len(d.starts) for d in directions]
+        index = np.zeros(sum(counts), np.int64)
+        chunks: list[pa.Array] = []
+        firsts = np.cumsum([0, *counts])
+        mapped = [n for n, d in enumerate(directions) if isinstance(d.buffer, mmap.mmap) and len(d.starts)]
+        if mapped:
+            at = np.concatenate([directions[n].at for n in mapped])
+            ends = at + np.concatenate([directions[n].lengths for n in mapped])
+            number = np.concatenate([np.arange(firsts[n], firsts[n + 1]) for n in mapped])
+            by_place = np.argsort(at, kind="stable")
+            offsets = np.empty(2 * len(at), np.int32)
+            offsets[0::2], offsets[1::2] = at[by_place], ends[by_place]
+            buffer = pa.py_buffer(directions[mapped[0]].buffer)
+            chunks.append(
+                pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), buffer])
+            )
+            index[number[by_place]] = 2 * np.arange(len(at))
+        base = len(chunks[0]) if chunks else 0
+        for n, d in enumerate(directions):
+            if isinstance(d.buffer, bytes) and len(d.starts):
+                chunks.append(arrays.binary(d.buffer, d.starts))
+                index[firsts[n] : firsts[n + 1]] = base + np.arange(len(d.starts))
+                base += len(d.starts)
+        return cls(chunks, index)
+
+    def extend(self, frames: pa.Array) -> None:
+        """Rows after these, each with its own frame (``frames``, null for none)."""
+        base = sum(len(chunk) for chunk in self.chunks)
+        self.chunks.append(frames)
+        self.rows = np.concatenate([self.rows, base + np.arange(len(frames), dtype=np.int64)])
+
+    def take(self, rows: _Ints) -> pa.Array:
+        """The ``frame`` column of these rows."""
+        where = self.rows[rows]
+        if not self.chunks:
+            return pa.nulls(len(rows), pa.binary())
+        indices = arrays.integers(np.maximum(where, 0), pa.int64(), null=where < 0)
+        if len(self.chunks) == 1:
+            return self.chunks[0].take(indices)
+        return pa.chunked_array(self.chunks, pa.binary()).take(indices).combine_chunks()
 
 
 def clean_columns(connections: list[CleanConnection]) -> RowColumns:
@@ -493,16 +572,9 @@ def clean_columns(connections: list[CleanConnection]) -> RowColumns:
     reason = joined("reason")
     known = np.concatenate([c.known for c in connections]) if connections else np.zeros(0, bool)
     ts = joined("ts_ns")
-    # Frame bytes: one binary array per direction over its joined payloads, no copy.
-    pieces, first_numbers = [], []
-    base = 0
-    for c in connections:
-        first_numbers.append(base)
-        for d in c.directions:
-            pieces.append(arrays.binary(d.data, d.starts))
-            base += len(d.starts)
-    frame_number = joined("frame_number") + np.repeat(np.array(first_numbers, np.int64), sizes)
-    frames = pa.concat_arrays(pieces) if pieces else arrays.binary(b"", np.zeros(0, np.int64))
+    source = FrameSource.of([d for c in connections for d in c.directions])
+    first_numbers = np.cumsum([0] + [len(d.starts) for c in connections for d in c.directions])[:-1:2]
+    frame_number = joined("frame_number") + np.repeat(first_numbers.astype(np.int64), sizes)
     # Open and close rows name the addresses; after the per-connection ones, a None (null).
     addresses = np.where(frame, len(connections), owner)
     seq = np.arange(len(kind), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
@@ -518,7 +590,6 @@ def clean_columns(connections: list[CleanConnection]) -> RowColumns:
         "api_version": arrays.integers(joined("api_version"), pa.int16(), null=~known),
         "client_correlation_id": arrays.integers(joined("correlation_id"), pa.int32(), null=not_frame),
         "frame_length": arrays.integers(joined("frame_length"), pa.int32(), null=not_frame),
-        "frame": frames.take(arrays.integers(frame_number, pa.int64(), null=not_frame)),
         "client_address": arrays.strings([*(c.client_address for c in connections), None], addresses),
         "upstream_address": arrays.strings([*(c.upstream_address for c in connections), None], addresses),
         "reason": arrays.strings([*REASONS, None], np.where(reason < 0, len(REASONS), reason)),
@@ -526,4 +597,6 @@ def clean_columns(connections: list[CleanConnection]) -> RowColumns:
     at_end = np.repeat(np.array([c.at_end for c in connections], bool), sizes) & (kind == CLOSE)
     packet = np.where(at_end, AT_END, joined("packet"))
     opened = np.where(at_end, np.repeat(np.array([c.opened_at for c in connections], np.int64), sizes), 0)
-    return RowColumns(columns, packet, opened, joined("rank"), ts)
+    source.rows = np.full(len(kind), -1, np.int64)
+    source.rows[frame] = source.index[frame_number[frame]]
+    return RowColumns(columns, source, packet, opened, joined("rank"), ts)

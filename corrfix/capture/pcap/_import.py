@@ -39,7 +39,7 @@ import pyarrow as pa
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
 from corrfix.capture.pcap import _arrays as arrays
-from corrfix.capture.pcap._clean_streams import AT_END, clean_columns, import_clean
+from corrfix.capture.pcap._clean_streams import AT_END, FrameSource, clean_columns, import_clean
 from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
@@ -174,10 +174,16 @@ class CaptureRowWriter:
         files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
         self._pending = []
 
-    def write_columns(self, columns: dict[str, pa.Array], order: npt.NDArray[np.int64], started: int) -> None:
-        """Rows given as columns (those rows set; the capture id and source are added), taken
-        in ``order``: in batches of ``batch_rows``, as if written one by one. ``started``: the
-        time of the first row in that order."""
+    def write_columns(
+        self,
+        columns: dict[str, pa.Array],
+        frames: FrameSource,
+        order: npt.NDArray[np.int64],
+        started: int,
+    ) -> None:
+        """Rows given as columns (those rows set; the capture id and source are added; the
+        ``frame`` column from ``frames``), taken in ``order``: in batches of ``batch_rows``,
+        as if written one by one. ``started``: the time of the first row in that order."""
         self.flush()
         if not len(order):
             return
@@ -195,9 +201,12 @@ class CaptureRowWriter:
             ],
             schema=self.schema,
         )
+        frame_at = self.schema.get_field_index("frame")
         # Taken batch by batch: a slice would write its parent's buffers, so other bytes.
         for first in range(0, len(order), self.batch_rows):
-            taken = rows.take(arrays.indices(order[first : first + self.batch_rows]))
+            batch = order[first : first + self.batch_rows]
+            taken = rows.take(arrays.indices(batch))
+            taken = taken.set_column(frame_at, self.schema.field(frame_at), frames.take(batch))
             files.write(taken)
             self.rows += taken.num_rows
 
@@ -667,6 +676,7 @@ def _import_columns(
             for f in writer.schema
             if f.name in columns
         }
+        fast.frames.extend(pa.array([row.get("frame") for row in rows], pa.binary()))
     order = np.lexsort(
         (
             np.concatenate([fast.rank, np.array(rank, np.int64)]),
@@ -677,4 +687,4 @@ def _import_columns(
     if len(order):
         first = int(order[0])
         started = fast.ts_ns[first] if first < len(fast.ts_ns) else rows[first - len(fast.ts_ns)]["wall_ns"]
-        writer.write_columns(columns, order, started)
+        writer.write_columns(columns, fast.frames, order, started)
