@@ -97,13 +97,59 @@ class CleanConnection:
     requests: int = 0
     responses: int = 0
     unmatched: int = 0
+    first_seq: int = 0  # ``seq`` of its first row here
+    whole: bool = True  # False: the frame rows of a connection's rest, no open nor close row
+    closed_at: int | None = None  # the rest of a connection: the packet (of the rows) that closed it
+    last_ts_ns: int = 0  # ... and the time of its last packet
+    highest_request_id: int | None = None
+    stream_bytes: tuple[int, int] = (0, 0)  # ... and the bytes of each direction (requests first)
+
+    def frames_only(self) -> CleanConnection:
+        """This connection less its open and close rows."""
+        for name in _ROW_FIELDS:
+            setattr(self, name, getattr(self, name)[1:-1])
+        self.whole = False
+        requests, responses = self.directions
+        self.stream_bytes = (requests.size, responses.size)
+        ids = self.correlation_id[self.direction == 0]
+        self.highest_request_id = int(ids.max()) if len(ids) else None
+        return self
+
+
+_ROW_FIELDS = (
+    "packet",
+    "rank",
+    "kind",
+    "ts_ns",
+    "direction",
+    "api_key",
+    "api_version",
+    "known",
+    "correlation_id",
+    "frame_length",
+    "reason",
+    "frame_number",
+)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A connection that did not start in the capture: its packets (positions in the columns,
+    file order), which of them the client sent, and its endpoints (client, server)."""
+
+    rows: _Ints
+    from_client: npt.NDArray[np.bool_]
+    endpoints: tuple[tuple[str, int], tuple[str, int]]
 
 
 @dataclass(slots=True)
 class CleanImport:
-    """What the clean path made, and the packets (positions in the columns) it left for the other."""
+    """What the clean path made, the connections that started before the capture (for
+    :func:`rest_of_connection`), and the packets (positions in the columns) left for the
+    per-segment path."""
 
     connections: list[CleanConnection] = field(default_factory=list)
+    midstream: list[Candidate] = field(default_factory=list)
     rest: _Ints = field(default_factory=lambda: np.zeros(0, np.int64))
     kafka_segments: int = 0
 
@@ -147,15 +193,36 @@ def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame
         packed_client = pair // width if clients is None else int(clients[pair // width])
         endpoints = (_endpoint(columns, packed_client), _endpoint(columns, int(servers[pair % width])))
         clean = None
-        if len(rows) >= MIN_PACKETS and endpoints not in mixed:
+        candidate = len(rows) >= MIN_PACKETS and endpoints not in mixed
+        if candidate:
             clean = _connection(columns, rows, up[members], endpoints, max_frame_size)
-        if clean is None:
+        if clean is None and candidate and not (columns.flags[rows] & (TH_SYN | TH_RST)).any():
+            result.midstream.append(Candidate(rows, up[members], endpoints))
+        elif clean is None:
             rest.append(rows)
         else:
             result.connections.append(clean)
             result.kafka_segments += len(rows)
     result.rest = np.sort(np.concatenate(rest))
     return result
+
+
+def rest_of_connection(
+    columns: PacketColumns, candidate: Candidate, after: int, start: tuple[int, int], max_frame_size: int
+) -> CleanConnection | None:
+    """The frame rows of ``candidate``'s packets after the first ``after``, when they are clean
+    from there on, each direction's stream at ``start`` (sequence numbers, client's first);
+    None when not. The per-segment path read the packets before, and must have been at rest
+    then (in sync, between frames, nothing held or waiting), so that from there on it would
+    make exactly these rows."""
+    return _connection(
+        columns,
+        candidate.rows[after:],
+        candidate.from_client[after:],
+        candidate.endpoints,
+        max_frame_size,
+        start,
+    )
 
 
 def _endpoint(columns: PacketColumns, packed: int) -> tuple[str, int]:
@@ -182,18 +249,24 @@ def _connection(
     from_client: npt.NDArray[np.bool_],
     endpoints: tuple[tuple[str, int], tuple[str, int]],
     max_frame_size: int,
+    start: tuple[int, int] | None = None,
 ) -> CleanConnection | None:
-    """The rows of the connection made of these packets (file order), or None if it is not clean."""
+    """The rows of the connection made of these packets (file order), or None if it is not clean.
+
+    With ``start`` (the sequence numbers each direction's stream is at, client's first), the
+    packets are the rest of a connection whose start the per-segment path read: no SYN among
+    them, and the rows made are its frame rows only (see :func:`rest_of_connection`).
+    """
     flags = columns.flags[rows]
     if (flags & TH_RST).any():
         return None
     syn = (flags & TH_SYN) != 0
     has_ack = (flags & TH_ACK) != 0
     length = columns.length[rows]
-    # The client's SYN, then the server's SYN-ACK, and no other SYN; no data in either.
-    if not (from_client[0] and syn[0] and not has_ack[0]) or from_client[1] or not (syn[1] and has_ack[1]):
-        return None
-    if syn[2:].any() or length[0] or length[1]:
+    if start is not None:
+        if syn.any():
+            return None
+    elif not _handshake(syn, has_ack, from_client, length):
         return None
     fin = (flags & TH_FIN) != 0
     client_fins = np.flatnonzero(fin & from_client)
@@ -205,7 +278,10 @@ def _connection(
     if ((columns.stop[rows] - columns.start[rows]) != length).any():
         return None  # the snap length cut a packet
     seq = columns.seq[rows]
-    isn = {True: (int(seq[0]) + 1) % _SEQ_MOD, False: (int(seq[1]) + 1) % _SEQ_MOD}
+    if start is None:
+        isn = {True: (int(seq[0]) + 1) % _SEQ_MOD, False: (int(seq[1]) + 1) % _SEQ_MOD}
+    else:
+        isn = {True: start[0], False: start[1]}
     # Bytes each direction sent before each packet, and whether every packet is where they end.
     before = {}
     for client in (True, False):
@@ -214,7 +290,7 @@ def _connection(
         before[client] = np.cumsum(sent) - sent
         if before[client][-1] + sent[-1] >= _MAX_STREAM:
             return None
-        position = np.flatnonzero(mine)[1:]  # after the SYN
+        position = np.flatnonzero(mine)[0 if start else 1 :]  # after the SYN
         own_fins = np.flatnonzero(fin[position])
         if len(own_fins) > 1:
             return None
@@ -250,7 +326,24 @@ def _connection(
         last = np.searchsorted(packet_ends, ends - 1, side="right")
         directions.append(direction)
         framed.append((ts[data_at[first]], data_at[last]))
-    return _rows(columns, rows, ts, endpoints, closed_at is not None, directions, framed)
+    made = _rows(columns, rows, ts, endpoints, closed_at is not None, directions, framed)
+    if start is not None:
+        made.closed_at = None if closed_at is None else int(closed_at)
+        made.last_ts_ns = int(ts[-1])
+        return made.frames_only()
+    return made
+
+
+def _handshake(
+    syn: npt.NDArray[np.bool_],
+    has_ack: npt.NDArray[np.bool_],
+    from_client: npt.NDArray[np.bool_],
+    length: _Ints,
+) -> bool:
+    """The client's SYN, then the server's SYN-ACK, and no other SYN; no data in either."""
+    if not (from_client[0] and syn[0] and not has_ack[0]) or from_client[1] or not (syn[1] and has_ack[1]):
+        return False
+    return not (syn[2:].any() or length[0] or length[1])
 
 
 def _frames(
@@ -549,10 +642,21 @@ class FrameSource:
         where = self.rows[rows]
         if not self.chunks:
             return pa.nulls(len(rows), pa.binary())
-        indices = arrays.integers(np.maximum(where, 0), pa.int64(), null=where < 0)
         if len(self.chunks) == 1:
-            return self.chunks[0].take(indices)
-        return pa.chunked_array(self.chunks, pa.binary()).take(indices).combine_chunks()
+            return self.chunks[0].take(arrays.integers(np.maximum(where, 0), pa.int64(), null=where < 0))
+        # From each chunk its frames, then all in order (a chunked array's take costs its length).
+        firsts = np.cumsum([0] + [len(chunk) for chunk in self.chunks])
+        chunk = np.searchsorted(firsts, where, side="right") - 1
+        position = np.full(len(where), -1, np.int64)
+        parts = [self.chunks[0].slice(0, 0)]
+        taken = 0
+        for n in np.unique(chunk[where >= 0]).tolist():
+            mine = np.flatnonzero((chunk == n) & (where >= 0))
+            parts.append(self.chunks[n].take(arrays.indices(where[mine] - firsts[n])))
+            position[mine] = taken + np.arange(len(mine))
+            taken += len(mine)
+        joined = pa.concat_arrays(parts)
+        return joined.take(arrays.integers(np.maximum(position, 0), pa.int64(), null=position < 0))
 
 
 def clean_columns(connections: list[CleanConnection]) -> RowColumns:
@@ -578,6 +682,7 @@ def clean_columns(connections: list[CleanConnection]) -> RowColumns:
     # Open and close rows name the addresses; after the per-connection ones, a None (null).
     addresses = np.where(frame, len(connections), owner)
     seq = np.arange(len(kind), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    seq += np.repeat(np.array([c.first_seq for c in connections], np.int64), sizes)
     columns = {
         "connection_id": arrays.strings([c.connection_id for c in connections], owner),
         "seq": arrays.integers(seq, pa.int64()),

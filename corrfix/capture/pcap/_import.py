@@ -39,7 +39,16 @@ import pyarrow as pa
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
 from corrfix.capture.pcap import _arrays as arrays
-from corrfix.capture.pcap._clean_streams import AT_END, FrameSource, clean_columns, import_clean
+from corrfix.capture.pcap import _clean_streams
+from corrfix.capture.pcap._clean_streams import (
+    AT_END,
+    Candidate,
+    CleanConnection,
+    FrameSource,
+    clean_columns,
+    import_clean,
+    rest_of_connection,
+)
 from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
@@ -326,6 +335,38 @@ class WireConnection:
         self.stats["skipped_bytes"] += self.requests.skipped_bytes + self.responses.skipped_bytes
         return rows
 
+    def at_rest(self) -> bool:
+        """Both directions in sync between frames, nothing held, no request waiting, no FIN:
+        from here, clean traffic makes the rows a clean connection makes (see
+        :func:`._clean_streams.rest_of_connection`)."""
+        return (
+            not self._pending
+            and not self._held_answers
+            and not self._new_ids
+            and not self.fins
+            and self.to_server.at_rest
+            and self.to_client.at_rest
+            and self.requests.at_rest
+            and self.responses.at_rest
+        )
+
+    def stream_positions(self) -> tuple[int, int]:
+        """The sequence numbers each direction's stream is at (client's first)."""
+        return self.to_server.next_seq, self.to_client.next_seq
+
+    def advance(self, rest: CleanConnection) -> None:
+        """The state reading ``rest`` (made at rest, no request waiting at its end that any
+        later row needs) segment by segment would have left."""
+        self.to_server.advance(rest.stream_bytes[0])
+        self.to_client.advance(rest.stream_bytes[1])
+        rest.first_seq = self._seq
+        self._seq += len(rest.kind)
+        if rest.highest_request_id is not None and (
+            self._highest_id is None or rest.highest_request_id > self._highest_id
+        ):
+            self._highest_id = rest.highest_request_id
+        self.last_ts_ns = rest.last_ts_ns
+
     # -- frames ----------------------------------------------------------------------------
 
     def _frames(self, pieces: list[Piece], splitter: FrameSplitter, is_request: bool) -> list[Row]:
@@ -488,6 +529,17 @@ class WireConnection:
         }
 
 
+_CONNECTION_COUNTS = (  # the stats a connection counts, added to the import's when it closes
+    "requests",
+    "responses",
+    "unmatched_responses",
+    "latency_unknown",
+    "truncated_frames",
+    "gap_bytes",
+    "skipped_bytes",
+)
+
+
 class WireImporter:
     """Routes segments to connections by 4-tuple; a SYN on a closed tuple starts a new one."""
 
@@ -564,19 +616,19 @@ class WireImporter:
         self.stats.connections += 1
         return conn
 
+    def connection(self, key: tuple[Endpoint, Endpoint]) -> WireConnection | None:
+        """The open connection between these endpoints (client, server), if any."""
+        return self._open.get(key)
+
+    def close_connection(self, key: tuple[Endpoint, Endpoint], ts_ns: int, reason: str) -> list[Row]:
+        """Close an open connection whose closing segment was read elsewhere (the clean path)."""
+        return self._close(key, ts_ns, reason)
+
     def _close(self, key: tuple[Endpoint, Endpoint], ts_ns: int, reason: str) -> list[Row]:
         conn = self._open.pop(key)
         self._closed.add(key)
         rows = conn.close(ts_ns, reason)
-        for name in (
-            "requests",
-            "responses",
-            "unmatched_responses",
-            "latency_unknown",
-            "truncated_frames",
-            "gap_bytes",
-            "skipped_bytes",
-        ):
+        for name in _CONNECTION_COUNTS:
             setattr(self.stats, name, getattr(self.stats, name) + conn.stats[name])
         return rows
 
@@ -639,36 +691,28 @@ def import_pcap(
 def _import_columns(
     table: PacketColumns, importer: WireImporter, writer: CaptureRowWriter, max_frame_size: int
 ) -> None:
-    """Clean connections whole, the other segments through ``importer``; rows merged into the
-    order the importer alone would have written them (see :class:`._clean_streams.RowColumns`)."""
+    """Clean connections whole, the rest of connections that started before the capture
+    whole once they are at rest, the other segments through ``importer``; rows merged into
+    the order the importer alone would have written them (see
+    :class:`._clean_streams.RowColumns`)."""
     clean = import_clean(table, importer.kafka_ports, max_frame_size)
     rest = table.select(clean.rest)
     rest.others = table.others
-    rows: list[Row] = []
-    packet: list[int] = []
-    opened: list[int] = []
-    rank: list[int] = []
-    opened_at: dict[str, int] = {}
+    out = _SegmentRows()
     for segment in rest.segments():
-        for n, row in enumerate(importer.segment(segment)):
-            if row["kind"] == _OPEN:
-                opened_at[row["connection_id"]] = segment.index
-            rows.append(row)
-            packet.append(segment.index)
-            rank.append(n)
-        opened += [0] * (len(rows) - len(opened))
-    for n, row in enumerate(importer.finish()):
-        rows.append(row)
-        packet.append(AT_END)
-        opened.append(opened_at[row["connection_id"]])
-        rank.append(n)
+        out.add(importer.segment(segment), segment.index)
+    out.finish(importer)
     stats = importer.stats
+    rests = [
+        _import_candidate(table, c, importer.kafka_ports, stats, out, max_frame_size) for c in clean.midstream
+    ]
+    rows, packet, opened, rank = out.rows, out.packet, out.opened, out.rank
     stats.kafka_segments += clean.kafka_segments
     stats.connections += len(clean.connections)
     stats.requests += sum(c.requests for c in clean.connections)
     stats.responses += sum(c.responses for c in clean.connections)
     stats.unmatched_responses += sum(c.unmatched for c in clean.connections)
-    fast = clean_columns(clean.connections)
+    fast = clean_columns(clean.connections + [r for r in rests if r is not None])
     columns = fast.columns
     if rows:
         columns = {
@@ -688,3 +732,84 @@ def _import_columns(
         first = int(order[0])
         started = fast.ts_ns[first] if first < len(fast.ts_ns) else rows[first - len(fast.ts_ns)]["wall_ns"]
         writer.write_columns(columns, fast.frames, order, started)
+
+
+class _SegmentRows:
+    """Rows the per-segment path made, with their write-order keys (see
+    :class:`._clean_streams.RowColumns`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.packet: list[int] = []
+        self.opened: list[int] = []
+        self.rank: list[int] = []
+        self.opened_at: dict[str, int] = {}
+
+    def add(self, rows: list[Row], index: int, first_rank: int = 0) -> None:
+        """Rows completed by the packet at ``index``."""
+        for n, row in enumerate(rows, first_rank):
+            if row["kind"] == _OPEN:
+                self.opened_at[row["connection_id"]] = index
+            self.rows.append(row)
+            self.packet.append(index)
+            self.rank.append(n)
+            self.opened.append(0)
+
+    def finish(self, importer: WireImporter) -> None:
+        """The rows made at the end of the capture."""
+        for n, row in enumerate(importer.finish()):
+            self.rows.append(row)
+            self.packet.append(AT_END)
+            self.opened.append(self.opened_at[row["connection_id"]])
+            self.rank.append(n)
+
+
+_CANDIDATE_TRIES = 4  # times a connection at rest is checked for a clean rest
+_FOLDED = ("kafka_segments", "connections", *_CONNECTION_COUNTS)  # what an importer of its own counted
+
+
+def _import_candidate(
+    table: PacketColumns,
+    candidate: Candidate,
+    kafka_ports: Collection[int],
+    stats: ImportStats,
+    out: _SegmentRows,
+    max_frame_size: int,
+) -> CleanConnection | None:
+    """A connection that started before the capture: segment by segment (its own importer;
+    connections share no state) until it is at rest and the rest of it is clean, which is
+    then made whole and returned; its per-segment rows go to ``out``, its counts to ``stats``."""
+    importer = WireImporter(kafka_ports, max_frame_size)
+    rows = candidate.rows
+    tries = 0
+    found: CleanConnection | None = None
+    done = 0
+    least = _clean_streams.MIN_PACKETS  # a shorter rest is cheaper segment by segment
+    step = least
+    while done < len(rows) and found is None:
+        for segment in table.select(rows[done : done + step]).segments():
+            out.add(importer.segment(segment), segment.index)
+            done += 1
+            conn = importer.connection(candidate.endpoints)
+            if tries < _CANDIDATE_TRIES and len(rows) - done >= least and conn and conn.at_rest():
+                tries += 1
+                found = rest_of_connection(table, candidate, done, conn.stream_positions(), max_frame_size)
+                if found is not None:
+                    conn.advance(found)
+                    stats.kafka_segments += len(rows) - done
+                    stats.requests += found.requests
+                    stats.responses += found.responses
+                    stats.unmatched_responses += found.unmatched
+                    if found.closed_at is not None:
+                        closed = rows[done + found.closed_at]
+                        closing = importer.close_connection(candidate.endpoints, found.last_ts_ns, "fin")
+                        out.add(closing, int(table.index[closed]), first_rank=_AFTER_FRAMES)
+                    break
+        step *= 2
+    out.finish(importer)
+    for name in _FOLDED:
+        setattr(stats, name, getattr(stats, name) + getattr(importer.stats, name))
+    return found
+
+
+_AFTER_FRAMES = 1 << 40  # rank of a close row after the frames its packet completed
