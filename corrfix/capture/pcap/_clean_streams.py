@@ -14,6 +14,13 @@ are joined and framed in one walk.
 Every condition is checked for all the connection's packets at once (numpy), and a
 connection that misses one goes through the per-segment path, which stays the reference:
 the rows made here are the rows it would make, in its order (checked by the tests).
+
+A connection that started before the capture (no SYN) is read by the per-segment path
+until that path is at rest: in sync in both directions, between frames, nothing held and
+no request waiting. From there on the per-segment path would frame a clean rest as it
+frames a clean connection, so when the rest is clean (the same conditions, from the
+sequence numbers reached) its frame rows are made here (:func:`rest_of_connection`) and
+the per-segment state is moved past them, for the close.
 """
 
 from __future__ import annotations
