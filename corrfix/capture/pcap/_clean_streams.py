@@ -15,12 +15,13 @@ Every condition is checked for all the connection's packets at once (numpy), and
 connection that misses one goes through the per-segment path, which stays the reference:
 the rows made here are the rows it would make, in its order (checked by the tests).
 
-A connection that started before the capture (no SYN) is read by the per-segment path
-until that path is at rest: in sync in both directions, between frames, nothing held and
-no request waiting. From there on the per-segment path would frame a clean rest as it
-frames a clean connection, so when the rest is clean (the same conditions, from the
-sequence numbers reached) its frame rows are made here (:func:`rest_of_connection`) and
-the per-segment state is moved past them, for the close.
+Any other connection (it started before the capture, lost or repeated packets, ...) is
+read by the per-segment path until that path is at rest: in sync in both directions,
+between frames, nothing held and no request waiting. From there on the per-segment path
+would frame clean traffic as it frames a clean connection, so the rest, when it is clean
+(the same conditions, from the sequence numbers reached), or else its longest clean run
+that ends at rest again, is made here (:func:`rest_of_connection`) and the per-segment
+state is moved past it; after a run, the per-segment path reads on.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class CleanConnection:
     last_ts_ns: int = 0  # ... and the time of its last packet
     highest_request_id: int | None = None
     stream_bytes: tuple[int, int] = (0, 0)  # ... and the bytes of each direction (requests first)
+    packets: int = 0  # ... and how many of its packets these rows took
 
     def frames_only(self) -> CleanConnection:
         """This connection less its open and close rows."""
@@ -141,8 +143,9 @@ _ROW_FIELDS = (
 
 @dataclass(slots=True)
 class Candidate:
-    """A connection that did not start in the capture: its packets (positions in the columns,
-    file order), which of them the client sent, and its endpoints (client, server)."""
+    """A connection that is not clean (it started before the capture, lost packets, ...): the
+    packets between its endpoints (positions in the columns, file order), which of them the
+    client sent, and its endpoints (client, server)."""
 
     rows: _Ints
     from_client: npt.NDArray[np.bool_]
@@ -151,7 +154,7 @@ class Candidate:
 
 @dataclass(slots=True)
 class CleanImport:
-    """What the clean path made, the connections that started before the capture (for
+    """What the clean path made, the connections it did not take (for
     :func:`rest_of_connection`), and the packets (positions in the columns) left for the
     per-segment path."""
 
@@ -203,7 +206,7 @@ def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame
         candidate = len(rows) >= MIN_PACKETS and endpoints not in mixed
         if candidate:
             clean = _connection(columns, rows, up[members], endpoints, max_frame_size)
-        if clean is None and candidate and not (columns.flags[rows] & (TH_SYN | TH_RST)).any():
+        if clean is None and candidate:
             result.midstream.append(Candidate(rows, up[members], endpoints))
         elif clean is None:
             rest.append(rows)
@@ -217,19 +220,92 @@ def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame
 def rest_of_connection(
     columns: PacketColumns, candidate: Candidate, after: int, start: tuple[int, int], max_frame_size: int
 ) -> CleanConnection | None:
-    """The frame rows of ``candidate``'s packets after the first ``after``, when they are clean
-    from there on, each direction's stream at ``start`` (sequence numbers, client's first);
-    None when not. The per-segment path read the packets before, and must have been at rest
-    then (in sync, between frames, nothing held or waiting), so that from there on it would
-    make exactly these rows."""
-    return _connection(
-        columns,
-        candidate.rows[after:],
-        candidate.from_client[after:],
-        candidate.endpoints,
-        max_frame_size,
-        start,
+    """The frame rows of ``candidate``'s packets after the first ``after``, each direction's
+    stream at ``start`` (sequence numbers, client's first): of all of them when they are
+    clean from there on, else of the longest clean run of them that ends at rest (between
+    frames in both directions, no request waiting; ``packets`` says how many); None when
+    there is none worth it. The per-segment path read the packets before, and must have been
+    at rest then (in sync, between frames, nothing held or waiting), so that from there on
+    it would make exactly these rows, and be at rest again after a run."""
+    rows, from_client = candidate.rows[after:], candidate.from_client[after:]
+    made = _connection(columns, rows, from_client, candidate.endpoints, max_frame_size, start)
+    if made is not None:
+        made.packets = len(rows)
+        return made
+    run = _run_at_rest(columns, rows, from_client, start, max_frame_size)
+    if run < MIN_PACKETS:
+        return None
+    made = _connection(columns, rows[:run], from_client[:run], candidate.endpoints, max_frame_size, start)
+    if made is None or made.requests != int(np.count_nonzero(made.known & (made.direction == 1))):
+        return None  # not clean after all, or a request waits at its end
+    made.packets = run
+    return made
+
+
+def _run_at_rest(
+    columns: PacketColumns,
+    rows: _Ints,
+    from_client: npt.NDArray[np.bool_],
+    start: tuple[int, int],
+    largest: int,
+) -> int:
+    """How many of these packets make the longest run, from the start, that is clean (no SYN,
+    RST nor FIN, no cut, back to back, no acknowledgement ahead) and ends at rest (each
+    direction between frames, every request answered); 0 for none."""
+    flags = columns.flags[rows]
+    length = columns.length[rows]
+    seq, ack = columns.seq[rows], columns.ack[rows]
+    has_ack = (flags & TH_ACK) != 0
+    bad = ((flags & (TH_SYN | TH_RST | TH_FIN)) != 0) | ((columns.stop[rows] - columns.start[rows]) != length)
+    sent_before = {}
+    for client, isn in ((True, start[0]), (False, start[1])):
+        mine = from_client == client
+        sent = np.where(mine, length, 0)
+        before = sent_before[client] = np.cumsum(sent) - sent
+        bad |= mine & ((seq - isn) % _SEQ_MOD != before)
+        bad |= before + sent >= _MAX_STREAM
+        ahead = ((ack - isn) % _SEQ_MOD - before) % _SEQ_MOD
+        bad |= ~mine & has_ack & (ahead > 1) & (ahead < _HALF)
+    broken = np.flatnonzero(bad)
+    run = int(broken[0]) if len(broken) else len(rows)
+    # After how many packets each direction is between frames, and how many requests wait.
+    at_rest = np.ones(run + 1, bool)  # after 0..run packets
+    pending = np.zeros(run + 1, np.int64)
+    for client in (True, False):
+        data_at = np.flatnonzero((from_client[:run] == client) & (length[:run] > 0))
+        sizes = length[data_at]
+        ends = _frame_ends(columns, rows[data_at], sizes, client, largest)
+        sent = np.zeros(run + 1, np.int64)
+        np.cumsum(np.where(from_client[:run] == client, length[:run], 0), out=sent[1:])
+        at_rest &= np.isin(sent, np.append(ends, 0))
+        # Frames (requests count up, answers down) completed by each packet.
+        if len(ends):
+            last = data_at[np.searchsorted(np.cumsum(sizes), ends - 1, side="right")]
+            count = np.bincount(last + 1, minlength=run + 1)[: run + 1]
+            pending += np.cumsum(count) if client else -np.cumsum(count)
+    good = np.flatnonzero(at_rest & (pending <= 0))
+    return int(good[-1]) if len(good) else 0
+
+
+def _frame_ends(columns: PacketColumns, rows: _Ints, lengths: _Ints, requests: bool, largest: int) -> _Ints:
+    """Where the whole frames of these payloads end in their stream, from its start, up to the
+    first that is not whole or has an impossible size."""
+    smallest = MIN_REQUEST_SIZE if requests else _MIN_RESPONSE_SIZE
+    if _one_frame_per_packet(columns.data, columns.start[rows], lengths, smallest, largest) is not None:
+        return np.cumsum(lengths)
+    data = b"".join(
+        map(columns.data.__getitem__, map(slice, columns.start[rows].tolist(), columns.stop[rows].tolist()))
     )
+    ends = []
+    pos, end = 0, len(data)
+    unpack = _SIZE.unpack_from
+    while pos + SIZE_PREFIX <= end:
+        size = unpack(data, pos)[0]
+        if not smallest <= size <= largest or pos + SIZE_PREFIX + size > end:
+            break
+        pos += SIZE_PREFIX + size
+        ends.append(pos)
+    return np.array(ends, np.int64)
 
 
 def _endpoint(columns: PacketColumns, packed: int) -> tuple[str, int]:

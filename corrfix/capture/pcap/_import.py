@@ -360,6 +360,7 @@ class WireConnection:
         self.to_server.advance(rest.stream_bytes[0])
         self.to_client.advance(rest.stream_bytes[1])
         rest.first_seq = self._seq
+        rest.connection_id = self.connection_id
         self._seq += len(rest.kind)
         if rest.highest_request_id is not None and (
             self._highest_id is None or rest.highest_request_id > self._highest_id
@@ -704,7 +705,9 @@ def _import_columns(
     out.finish(importer)
     stats = importer.stats
     rests = [
-        _import_candidate(table, c, importer.kafka_ports, stats, out, max_frame_size) for c in clean.midstream
+        run
+        for c in clean.midstream
+        for run in _import_candidate(table, c, importer.kafka_ports, stats, out, max_frame_size)
     ]
     rows, packet, opened, rank = out.rows, out.packet, out.opened, out.rank
     stats.kafka_segments += clean.kafka_segments
@@ -712,7 +715,7 @@ def _import_columns(
     stats.requests += sum(c.requests for c in clean.connections)
     stats.responses += sum(c.responses for c in clean.connections)
     stats.unmatched_responses += sum(c.unmatched for c in clean.connections)
-    fast = clean_columns(clean.connections + [r for r in rests if r is not None])
+    fast = clean_columns(clean.connections + rests)
     columns = fast.columns
     if rows:
         columns = {
@@ -764,7 +767,8 @@ class _SegmentRows:
             self.rank.append(n)
 
 
-_CANDIDATE_TRIES = 4  # times a connection at rest is checked for a clean rest
+_CANDIDATE_TRIES = 4  # times in a row a connection at rest is checked for a clean run
+_CANDIDATE_BUDGET = 64  # ... and in all (each check reads all the packets left)
 _FOLDED = ("kafka_segments", "connections", *_CONNECTION_COUNTS)  # what an importer of its own counted
 
 
@@ -775,41 +779,53 @@ def _import_candidate(
     stats: ImportStats,
     out: _SegmentRows,
     max_frame_size: int,
-) -> CleanConnection | None:
-    """A connection that started before the capture: segment by segment (its own importer;
-    connections share no state) until it is at rest and the rest of it is clean, which is
-    then made whole and returned; its per-segment rows go to ``out``, its counts to ``stats``."""
+) -> list[CleanConnection]:
+    """A connection the clean path did not take: segment by segment (its own importer;
+    connections share no state) until it is at rest, then its clean runs from there made
+    whole and returned, segment by segment again between them; its per-segment rows go to
+    ``out``, its counts to ``stats``."""
     importer = WireImporter(kafka_ports, max_frame_size)
     rows = candidate.rows
+    runs: list[CleanConnection] = []
     tries = 0
-    found: CleanConnection | None = None
+    budget = _CANDIDATE_BUDGET
     done = 0
     least = _clean_streams.MIN_PACKETS  # a shorter rest is cheaper segment by segment
     step = least
-    while done < len(rows) and found is None:
+    while done < len(rows):
         for segment in table.select(rows[done : done + step]).segments():
             out.add(importer.segment(segment), segment.index)
             done += 1
             conn = importer.connection(candidate.endpoints)
-            if tries < _CANDIDATE_TRIES and len(rows) - done >= least and conn and conn.at_rest():
-                tries += 1
-                found = rest_of_connection(table, candidate, done, conn.stream_positions(), max_frame_size)
-                if found is not None:
-                    conn.advance(found)
-                    stats.kafka_segments += len(rows) - done
-                    stats.requests += found.requests
-                    stats.responses += found.responses
-                    stats.unmatched_responses += found.unmatched
-                    if found.closed_at is not None:
-                        closed = rows[done + found.closed_at]
-                        closing = importer.close_connection(candidate.endpoints, found.last_ts_ns, "fin")
-                        out.add(closing, int(table.index[closed]), first_rank=_AFTER_FRAMES)
-                    break
-        step *= 2
+            if tries >= _CANDIDATE_TRIES or len(rows) - done < least or conn is None or not conn.at_rest():
+                continue
+            tries += 1
+            budget -= 1
+            if not budget:
+                tries = _CANDIDATE_TRIES
+            run = rest_of_connection(table, candidate, done, conn.stream_positions(), max_frame_size)
+            if run is None:
+                continue
+            conn.advance(run)
+            runs.append(run)
+            stats.kafka_segments += run.packets
+            stats.requests += run.requests
+            stats.responses += run.responses
+            stats.unmatched_responses += run.unmatched
+            if run.closed_at is not None:
+                closed = rows[done + run.closed_at]
+                closing = importer.close_connection(candidate.endpoints, run.last_ts_ns, "fin")
+                out.add(closing, int(table.index[closed]), first_rank=_AFTER_FRAMES)
+            done += run.packets
+            tries = 0
+            step = least
+            break
+        else:
+            step *= 2
     out.finish(importer)
     for name in _FOLDED:
         setattr(stats, name, getattr(stats, name) + getattr(importer.stats, name))
-    return found
+    return runs
 
 
 _AFTER_FRAMES = 1 << 40  # rank of a close row after the frames its packet completed

@@ -109,7 +109,9 @@ midstream_plans = st.builds(
     port=st.sampled_from([40001, 40002, 40003]),
     exchanges=st.lists(decodable_exchange, min_size=6, max_size=30),
     mss=st.integers(1, 60),
-    damage=st.sampled_from(["midstream", "midstream_drop", "midstream_swap", "midstream_no_fin"]),
+    damage=st.sampled_from(
+        ["midstream", "midstream_drop", "midstream_swap", "midstream_no_fin", "midstream_holes", "holes"]
+    ),
     where=st.integers(0, 40),
     isn=st.sampled_from([1000, 2**32 - 700, 2**32 - 5_000_300]),
 )
@@ -175,6 +177,10 @@ def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
             del segments[later]
         elif plan.damage == "midstream_swap" and later + 1 < len(segments):
             segments[later], segments[later + 1] = segments[later + 1], segments[later]
+    if plan.damage.endswith("holes"):  # two segments lost anywhere
+        for n in (13, 29):
+            if segments:
+                del segments[(plan.where * n) % len(segments)]
     elif plan.damage == "snap":
         keep = plan.where % 40
         segments = [s._replace(payload=s.payload[:keep]) for s in segments]
@@ -242,10 +248,8 @@ def test_a_clean_connection_takes_the_clean_path_and_a_damaged_one_does_not(ever
         assert columns is not None
         found = _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20)
         assert [c.client_address for c in found.connections] == ["10.1.0.1:40001"]
-        assert set(columns.dport[found.rest].tolist()) | set(columns.sport[found.rest].tolist()) == {
-            40002,
-            9092,
-        }
+        assert [c.endpoints for c in found.midstream] == [(("10.1.0.1", 40002), SERVER)]
+        assert not len(found.rest)  # the damaged one: segment by segment, then clean runs
     _same_import(segments)
 
 
@@ -280,23 +284,38 @@ def test_a_connection_with_a_packet_the_per_packet_parser_read_is_left_to_it(eve
         assert len(found.rest) == len(keep)
 
 
-def test_a_connection_that_starts_mid_stream_is_taken_whole_once_at_rest(tmp_path):
-    """Cut inside a frame, with a segment lost soon after: the per-segment path reads it until
-    it is in sync and no request waits, the clean path the rest; the files are the same."""
+# ApiVersions v0 and its answer: bodies that decode, so that resync can prove a boundary.
+_API_VERSIONS = [(_request(18, 0, i, b"\xff\xff"), _response(i, struct.pack(">hi", 0, 0))) for i in range(60)]
+
+
+def _runs(tmp_path: Path, segments: list[TcpSegment]) -> tuple[list[_clean_streams.CleanConnection], int]:
+    """The clean runs of the one connection of ``segments`` (not clean itself), and how many
+    rows the per-segment path made for it."""
     from corrfix.capture.pcap._import import ImportStats, _import_candidate, _SegmentRows
     from corrfix.capture.pcap._packet_table import packet_columns
 
-    # ApiVersions v0 and its answer: bodies that decode, so that resync can prove a boundary.
-    exchanges = [(_request(18, 0, i, b"\xff\xff"), _response(i, struct.pack(">hi", 0, 0))) for i in range(40)]
-    segments = _capture([Plan(40001, exchanges, 5, "midstream_drop", 7 + 7 * 3)], random.Random(5))
-    assert not segments[0].flags & SYN and len(segments[0].payload) < len(exchanges[0][0])
     pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
     with packet_columns(pcap) as columns:
         assert columns is not None
         found = _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20)
         assert not found.connections and len(found.midstream) == 1
         out = _SegmentRows()
-        rest = _import_candidate(columns, found.midstream[0], [SERVER[1]], ImportStats(), out, 1 << 20)
-        assert rest is not None and rest.requests > 20
-        assert len(out.rows) < 20
+        runs = _import_candidate(columns, found.midstream[0], [SERVER[1]], ImportStats(), out, 1 << 20)
+        return runs, len(out.rows)
+
+
+def test_a_connection_that_starts_mid_stream_is_taken_whole_once_at_rest(tmp_path):
+    """Cut inside a frame, with a segment lost soon after: the per-segment path reads it until
+    it is in sync and no request waits, the clean path the rest; the files are the same."""
+    segments = _capture([Plan(40001, _API_VERSIONS[:40], 5, "midstream_drop", 7 + 7 * 3)], random.Random(5))
+    assert not segments[0].flags & SYN and len(segments[0].payload) < len(_API_VERSIONS[0][0])
+    runs, per_segment_rows = _runs(tmp_path, segments)
+    assert sum(run.requests for run in runs) > 20 and per_segment_rows < 20
+    _same_import(segments)
+
+
+def test_a_connection_that_loses_a_segment_is_taken_whole_on_either_side_of_the_hole(tmp_path):
+    segments = _capture([Plan(40001, _API_VERSIONS, 5, "drop", 200)], random.Random(5))
+    runs, _ = _runs(tmp_path, segments)
+    assert len(runs) == 2 and runs[0].closed_at is None and runs[1].closed_at is not None
     _same_import(segments)
