@@ -3,7 +3,8 @@
 A tcpdump started on a busy broker sees connections already open: no handshake, answers to
 requests it never saw. This copies a pcapng file (one section, Ethernet, IPv4, as
 ``export_pcapng`` writes) without the first ``skip`` packets of each TCP connection,
-handshake included; every other block stays as it was.
+handshake included, and, for the lossy variant, every ``lose_every``-th packet after that
+(a packet the kernel dropped); every other block stays as it was.
 
 The cut falls on a packet boundary, which is a frame boundary in the bench's traffic (one
 frame per packet). A cut inside a frame would be as realistic, but tshark's Kafka
@@ -33,8 +34,9 @@ def _connection(packet: bytes) -> tuple[bytes, bytes] | None:
     return min(a, b), max(a, b)
 
 
-def write_midstream(source: Path, out: Path, skip: int = 101) -> int:
-    """Write the mid-stream variant of ``source`` to ``out``; returns the packets written."""
+def write_midstream(source: Path, out: Path, skip: int = 101, lose_every: int = 0) -> int:
+    """Write the mid-stream variant of ``source`` to ``out`` (lossy with ``lose_every``);
+    returns the packets written."""
     data = source.read_bytes()
     seen: dict[tuple[bytes, bytes], int] = {}
     pieces: list[bytes] = []
@@ -48,7 +50,7 @@ def write_midstream(source: Path, out: Path, skip: int = 101) -> int:
             key = _connection(block[28 : 28 + captured])
             if key is not None:
                 number = seen[key] = seen.get(key, -1) + 1
-                if number < skip:
+                if number < skip or (lose_every and (number - skip) % lose_every == lose_every - 1):
                     continue
         pieces.append(block)
     out.write_bytes(b"".join(pieces))
