@@ -54,9 +54,9 @@ _MIN_RESPONSE_SIZE = 4  # correlation id
 # Row kinds, directions and reasons of the rows made here, as codes into these tuples.
 KINDS = ("open", "frame", "close")
 DIRECTIONS = ("request", "response")
-REASONS = ("syn", "fin", "capture_end", "unmatched")
+REASONS = ("syn", "fin", "capture_end", "unmatched", "latency_unknown")
 OPEN, FRAME, CLOSE = range(3)
-SYN_REASON, FIN_REASON, END_REASON, UNMATCHED = range(4)
+SYN_REASON, FIN_REASON, END_REASON, UNMATCHED, LATENCY_UNKNOWN = range(5)
 NO_REASON = -1
 
 
@@ -105,6 +105,8 @@ class CleanConnection:
     requests: int = 0
     responses: int = 0
     unmatched: int = 0
+    latency_unknown: int = 0
+    waiting: Waiting = field(default_factory=list)  # the rest of a connection: requests unanswered at its end
     first_seq: int = 0  # ``seq`` of its first row here
     whole: bool = True  # False: the frame rows of a connection's rest, no open nor close row
     closed_at: int | None = None  # the rest of a connection: the packet (of the rows) that closed it
@@ -139,6 +141,23 @@ _ROW_FIELDS = (
     "reason",
     "frame_number",
 )
+
+
+Waiting = list[tuple[int, list[tuple[int, int, int]]]]
+"""Unanswered requests by correlation id, in the per-segment path's order (oldest first):
+(api key, version, the response stream's position when the request was read)."""
+
+
+@dataclass(slots=True)
+class RestStart:
+    """Where the per-segment path stands, at rest, when it hands a connection over."""
+
+    seqs: tuple[int, int]  # the sequence number each direction's stream is at (client's first)
+    answers_at: int  # the response stream's position
+    hole_end: (
+        int  # where its latest unframed stretch ended (answers to requests read before: latency unknown)
+    )
+    waiting: Waiting
 
 
 @dataclass(slots=True)
@@ -218,26 +237,27 @@ def import_clean(columns: PacketColumns, kafka_ports: Collection[int], max_frame
 
 
 def rest_of_connection(
-    columns: PacketColumns, candidate: Candidate, after: int, start: tuple[int, int], max_frame_size: int
+    columns: PacketColumns, candidate: Candidate, after: int, start: RestStart, max_frame_size: int
 ) -> CleanConnection | None:
-    """The frame rows of ``candidate``'s packets after the first ``after``, each direction's
-    stream at ``start`` (sequence numbers, client's first): of all of them when they are
-    clean from there on, else of the longest clean run of them that ends at rest (between
-    frames in both directions, no request waiting; ``packets`` says how many); None when
-    there is none worth it. The per-segment path read the packets before, and must have been
-    at rest then (in sync, between frames, nothing held or waiting), so that from there on
-    it would make exactly these rows, and be at rest again after a run."""
+    """The frame rows of ``candidate``'s packets after the first ``after``, from where the
+    per-segment path stands (``start``): of all of them when they are clean from there on,
+    else of the longest clean run of them that ends at rest (between frames in both
+    directions; ``packets`` says how many); None when there is none worth it. The
+    per-segment path read the packets before, and must have been at rest then (in sync,
+    between frames, nothing held), so that from there on it would make exactly these rows,
+    and be at rest again after a run, with the requests in ``waiting`` unanswered."""
     rows, from_client = candidate.rows[after:], candidate.from_client[after:]
-    made = _connection(columns, rows, from_client, candidate.endpoints, max_frame_size, start)
-    if made is not None:
-        made.packets = len(rows)
-        return made
-    run = _run_at_rest(columns, rows, from_client, start, max_frame_size)
+    run, to_the_end = _run_at_rest(columns, rows, from_client, start, max_frame_size)
+    if to_the_end:
+        made = _connection(columns, rows, from_client, candidate.endpoints, max_frame_size, start)
+        if made is not None:
+            made.packets = len(rows)
+            return made
     if run < MIN_PACKETS:
         return None
     made = _connection(columns, rows[:run], from_client[:run], candidate.endpoints, max_frame_size, start)
-    if made is None or made.requests != int(np.count_nonzero(made.known & (made.direction == 1))):
-        return None  # not clean after all, or a request waits at its end
+    if made is None:
+        return None
     made.packets = run
     return made
 
@@ -246,19 +266,20 @@ def _run_at_rest(
     columns: PacketColumns,
     rows: _Ints,
     from_client: npt.NDArray[np.bool_],
-    start: tuple[int, int],
+    start: RestStart,
     largest: int,
-) -> int:
+) -> tuple[int, bool]:
     """How many of these packets make the longest run, from the start, that is clean (no SYN,
     RST nor FIN, no cut, back to back, no acknowledgement ahead) and ends at rest (each
-    direction between frames, every request answered); 0 for none."""
+    direction between frames), 0 for none; and whether nothing but a FIN ends the clean
+    stretch (the rest may be clean to its close)."""
     flags = columns.flags[rows]
     length = columns.length[rows]
     seq, ack = columns.seq[rows], columns.ack[rows]
     has_ack = (flags & TH_ACK) != 0
     bad = ((flags & (TH_SYN | TH_RST | TH_FIN)) != 0) | ((columns.stop[rows] - columns.start[rows]) != length)
     sent_before = {}
-    for client, isn in ((True, start[0]), (False, start[1])):
+    for client, isn in ((True, start.seqs[0]), (False, start.seqs[1])):
         mine = from_client == client
         sent = np.where(mine, length, 0)
         before = sent_before[client] = np.cumsum(sent) - sent
@@ -268,23 +289,19 @@ def _run_at_rest(
         bad |= ~mine & has_ack & (ahead > 1) & (ahead < _HALF)
     broken = np.flatnonzero(bad)
     run = int(broken[0]) if len(broken) else len(rows)
-    # After how many packets each direction is between frames, and how many requests wait.
+    to_the_end = run == len(rows) or int(flags[run]) & (TH_FIN | TH_SYN | TH_RST) == TH_FIN
+    # After how many packets each direction is between frames.
     at_rest = np.ones(run + 1, bool)  # after 0..run packets
-    pending = np.zeros(run + 1, np.int64)
     for client in (True, False):
         data_at = np.flatnonzero((from_client[:run] == client) & (length[:run] > 0))
         sizes = length[data_at]
         ends = _frame_ends(columns, rows[data_at], sizes, client, largest)
         sent = np.zeros(run + 1, np.int64)
         np.cumsum(np.where(from_client[:run] == client, length[:run], 0), out=sent[1:])
-        at_rest &= np.isin(sent, np.append(ends, 0))
-        # Frames (requests count up, answers down) completed by each packet.
-        if len(ends):
-            last = data_at[np.searchsorted(np.cumsum(sizes), ends - 1, side="right")]
-            count = np.bincount(last + 1, minlength=run + 1)[: run + 1]
-            pending += np.cumsum(count) if client else -np.cumsum(count)
-    good = np.flatnonzero(at_rest & (pending <= 0))
-    return int(good[-1]) if len(good) else 0
+        between = np.append(0, ends)  # sorted, as ``sent`` is
+        at_rest &= between[np.minimum(np.searchsorted(between, sent), len(between) - 1)] == sent
+    good = np.flatnonzero(at_rest)
+    return (int(good[-1]) if len(good) else 0), to_the_end
 
 
 def _frame_ends(columns: PacketColumns, rows: _Ints, lengths: _Ints, requests: bool, largest: int) -> _Ints:
@@ -332,13 +349,13 @@ def _connection(
     from_client: npt.NDArray[np.bool_],
     endpoints: tuple[tuple[str, int], tuple[str, int]],
     max_frame_size: int,
-    start: tuple[int, int] | None = None,
+    start: RestStart | None = None,
 ) -> CleanConnection | None:
     """The rows of the connection made of these packets (file order), or None if it is not clean.
 
-    With ``start`` (the sequence numbers each direction's stream is at, client's first), the
-    packets are the rest of a connection whose start the per-segment path read: no SYN among
-    them, and the rows made are its frame rows only (see :func:`rest_of_connection`).
+    With ``start`` (where the per-segment path stands), the packets are the rest of a
+    connection whose start that path read: no SYN among them, and the rows made are its
+    frame rows only (see :func:`rest_of_connection`).
     """
     flags = columns.flags[rows]
     if (flags & TH_RST).any():
@@ -364,7 +381,7 @@ def _connection(
     if start is None:
         isn = {True: (int(seq[0]) + 1) % _SEQ_MOD, False: (int(seq[1]) + 1) % _SEQ_MOD}
     else:
-        isn = {True: start[0], False: start[1]}
+        isn = {True: start.seqs[0], False: start.seqs[1]}
     # Bytes each direction sent before each packet, and whether every packet is where they end.
     before = {}
     for client in (True, False):
@@ -409,7 +426,10 @@ def _connection(
         last = np.searchsorted(packet_ends, ends - 1, side="right")
         directions.append(direction)
         framed.append((ts[data_at[first]], data_at[last]))
-    made = _rows(columns, rows, ts, endpoints, closed_at is not None, directions, framed)
+    answers_from = None
+    if start is not None:  # the response stream's position as each request is read
+        answers_from = start.answers_at + before[False][framed[0][1]]
+    made = _rows(columns, rows, ts, endpoints, closed_at is not None, directions, framed, start, answers_from)
     if start is not None:
         made.closed_at = None if closed_at is None else int(closed_at)
         made.last_ts_ns = int(ts[-1])
@@ -496,9 +516,13 @@ def _rows(
     closed: bool,
     directions: list[Direction],
     framed: list[tuple[_Ints, _Ints]],
+    start: RestStart | None = None,
+    answers_from: _Ints | None = None,
 ) -> CleanConnection:
     """Rows in the per-segment path's order: the open row, frames by the packet that completed
-    them (in stream order within one), answers matched to requests, the close row."""
+    them (in stream order within one), answers matched to requests (and to the requests
+    waiting at ``start``; requests read when the response stream was at ``answers_from``),
+    the close row."""
     requests, responses = directions
     (request_ts, request_done), (response_ts, response_done) = framed
     n_requests, n_responses = len(requests.starts), len(responses.starts)
@@ -516,9 +540,22 @@ def _rows(
     response_ids = big_endian(responses.buffer, responses.at + SIZE_PREFIX, 4, signed=True)
     lengths = np.concatenate([requests.lengths, responses.lengths])[order]
     ids = np.concatenate([request_ids, response_ids])[order]
-    found = _match_unique(is_request, ids, keys, versions, number)
-    if found is None:
-        found = _match(is_request.tolist(), ids.tolist(), keys.tolist(), versions.tolist(), number.tolist())
+    since = np.zeros(n_requests, np.int64) if answers_from is None else answers_from
+    at_once = _match_at_once(is_request, ids, keys, versions, number, since, start)
+    if at_once is not None:
+        found, late, waiting = at_once
+    else:
+        seed, hole_end = ([], -1) if start is None else (start.waiting, start.hole_end)
+        found, late, waiting = _match(
+            is_request.tolist(),
+            ids.tolist(),
+            keys.tolist(),
+            versions.tolist(),
+            number.tolist(),
+            since.tolist(),
+            seed,
+            hole_end,
+        )
     api_key, api_version, known, unmatched = found
 
     n = len(order)
@@ -534,7 +571,7 @@ def _rows(
     client, server = endpoints
     kind = np.full(n + 2, FRAME, np.int64)
     kind[0], kind[-1] = OPEN, CLOSE
-    reason = np.where(unmatched, UNMATCHED, NO_REASON)
+    reason = np.where(unmatched, UNMATCHED, np.where(late, LATENCY_UNKNOWN, NO_REASON))
     return CleanConnection(
         connection_id=f"{format_address(*client)}-{format_address(*server)}",
         client_address=format_address(*client),
@@ -561,14 +598,60 @@ def _rows(
         requests=n_requests,
         responses=n_responses,
         unmatched=int(np.count_nonzero(unmatched)),
+        latency_unknown=int(np.count_nonzero(late)),
+        waiting=waiting,
     )
+
+
+_Found = tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]
+
+
+def _match_at_once(
+    is_request: npt.NDArray[np.bool_],
+    ids: _Ints,
+    keys: _Ints,
+    versions: _Ints,
+    number: _Ints,
+    since: _Ints,
+    start: RestStart | None,
+) -> tuple[_Found, npt.NDArray[np.bool_], Waiting] | None:
+    """:func:`_match` with numpy, when every correlation id is used once (the requests waiting
+    at ``start`` taken as requests before the first); None otherwise."""
+    seed = [] if start is None else start.waiting
+    if any(len(entries) != 1 for _, entries in seed):
+        return None
+    first = len(seed)
+    entry = np.array([entries[0] for _, entries in seed], np.int64).reshape(-1, 3)
+    all_request = np.concatenate([np.ones(first, bool), is_request])
+    all_ids = np.concatenate([np.array([cid for cid, _ in seed], np.int64), ids])
+    all_number = np.concatenate([np.arange(first), np.where(is_request, number + first, number)])
+    all_keys, all_versions = np.concatenate([entry[:, 0], keys]), np.concatenate([entry[:, 1], versions])
+    all_since = np.concatenate([entry[:, 2], since])
+    unique = _match_unique(all_request, all_ids, all_keys, all_versions, all_number)
+    if unique is None:
+        return None
+    found, unanswered, answered_by = unique
+    late = np.zeros(len(all_ids), bool)
+    waiting: Waiting = []
+    if start is not None:
+        answers = np.flatnonzero(answered_by >= 0)
+        late[answers] = start.hole_end > all_since[all_number[answered_by[answers]]]
+        which = all_number[unanswered]  # waiting in the order they were read (their ids are unique)
+        entries = zip(
+            all_keys[which].tolist(), all_versions[which].tolist(), all_since[which].tolist(), strict=True
+        )
+        waiting = [(cid, [e]) for cid, e in zip(all_ids[unanswered].tolist(), entries, strict=True)]
+    api_key, api_version, known, unmatched = found
+    return (api_key[first:], api_version[first:], known[first:], unmatched[first:]), late[first:], waiting
 
 
 def _match_unique(
     is_request: npt.NDArray[np.bool_], ids: _Ints, keys: _Ints, versions: _Ints, number: _Ints
-) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]] | None:
+) -> tuple[_Found, _Ints, _Ints] | None:
     """:func:`_match` at once, for the usual connection: no correlation id used twice by the
-    requests nor by the answers, and fewer requests waiting than are remembered. None otherwise."""
+    requests nor by the answers, and fewer requests waiting than are remembered; with the
+    rows of the requests left unanswered, and for each row the row of the request it
+    answers (-1: none). None otherwise."""
     from corrfix.capture.pcap._import import MAX_PENDING_REQUESTS
 
     request_at = np.flatnonzero(is_request)
@@ -586,9 +669,9 @@ def _match_unique(
     if len(sorted_ids):
         request = request_at[by_id[slot]]
         matched = (sorted_ids[slot] == response_ids) & (request < response_at)
-    waiting_count: _Ints = np.cumsum(is_request) - np.cumsum(
-        np.isin(np.arange(len(ids)), response_at[matched])
-    )
+    answering = np.zeros(len(ids), bool)
+    answering[response_at[matched]] = True
+    waiting_count: _Ints = np.cumsum(is_request) - np.cumsum(answering)
     if len(waiting_count) and waiting_count.max() > MAX_PENDING_REQUESTS:
         return None
     api_key = np.zeros(len(ids), np.int64)
@@ -601,22 +684,36 @@ def _match_unique(
         api_version[response_at[matched]] = versions[source]
     known = is_request.copy()
     known[response_at[matched]] = True
-    return api_key, api_version, known, ~known
+    answered_by = np.full(len(ids), -1, np.int64)
+    answered = request_at[by_id[slot[matched]]] if len(sorted_ids) else request_at[:0]
+    answered_by[response_at[matched]] = answered
+    return (api_key, api_version, known, ~known), np.setdiff1d(request_at, answered), answered_by
 
 
 def _match(
-    is_request: list[bool], ids: list[int], keys: list[int], versions: list[int], number: list[int]
-) -> tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    is_request: list[bool],
+    ids: list[int],
+    keys: list[int],
+    versions: list[int],
+    number: list[int],
+    since: list[int],
+    seed: Waiting,
+    hole_end: int,
+) -> tuple[tuple[_Ints, _Ints, npt.NDArray[np.bool_], npt.NDArray[np.bool_]], npt.NDArray[np.bool_], Waiting]:
     """Api key and version of each frame: a request's own, an answer's from the oldest
-    unanswered request with its id (as :class:`._import.WireConnection` matches them)."""
+    unanswered request with its id (as :class:`._import.WireConnection` matches them), the
+    requests in ``seed`` waiting before the first; request ``n`` was read when the response
+    stream was at ``since[n]``. Also which answers' latency is unknown (their request was read
+    before ``hole_end``), and the requests still waiting at the end, in the same form."""
     from corrfix.capture.pcap._import import MAX_PENDING_REQUESTS
 
-    pending: collections.OrderedDict[int, collections.deque[tuple[int, int]]] = collections.OrderedDict()
-    count = 0
+    pending = collections.OrderedDict((cid, collections.deque(entries)) for cid, entries in seed)
+    count = sum(len(entries) for _, entries in seed)
     out_key = [0] * len(ids)
     out_version = [0] * len(ids)
     known = [True] * len(ids)
     unmatched = [False] * len(ids)
+    late = [False] * len(ids)
     for i, (request, correlation_id) in enumerate(zip(is_request, ids, strict=True)):
         if request:
             n = number[i]
@@ -625,7 +722,7 @@ def _match(
             waiting = pending.get(correlation_id)
             if waiting is None:
                 waiting = pending[correlation_id] = collections.deque()
-            waiting.append((key, version))
+            waiting.append((key, version, since[n]))
             pending.move_to_end(correlation_id)
             count += 1
             while count > MAX_PENDING_REQUESTS:
@@ -638,19 +735,21 @@ def _match(
         else:
             waiting = pending.get(correlation_id)
             if waiting:
-                out_key[i], out_version[i] = waiting.popleft()
+                out_key[i], out_version[i], read_at = waiting.popleft()
+                late[i] = hole_end > read_at
                 if not waiting:
                     del pending[correlation_id]
                 count -= 1
             else:
                 known[i] = False
                 unmatched[i] = True
-    return (
+    found = (
         np.array(out_key, np.int64),
         np.array(out_version, np.int64),
         np.array(known, bool),
         np.array(unmatched, bool),
     )
+    return found, np.array(late, bool), [(cid, list(entries)) for cid, entries in pending.items()]
 
 
 @dataclass(slots=True)

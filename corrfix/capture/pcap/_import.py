@@ -45,6 +45,7 @@ from corrfix.capture.pcap._clean_streams import (
     Candidate,
     CleanConnection,
     FrameSource,
+    RestStart,
     clean_columns,
     import_clean,
     rest_of_connection,
@@ -336,12 +337,11 @@ class WireConnection:
         return rows
 
     def at_rest(self) -> bool:
-        """Both directions in sync between frames, nothing held, no request waiting, no FIN:
+        """Both directions in sync between frames, nothing held, no FIN:
         from here, clean traffic makes the rows a clean connection makes (see
         :func:`._clean_streams.rest_of_connection`)."""
         return (
-            not self._pending
-            and not self._held_answers
+            not self._held_answers
             and not self._new_ids
             and not self.fins
             and self.to_server.at_rest
@@ -350,13 +350,15 @@ class WireConnection:
             and self.responses.at_rest
         )
 
-    def stream_positions(self) -> tuple[int, int]:
-        """The sequence numbers each direction's stream is at (client's first)."""
-        return self.to_server.next_seq, self.to_client.next_seq
+    def rest_start(self) -> RestStart:
+        """Where this connection stands, for :func:`._clean_streams.rest_of_connection`."""
+        waiting = [(cid, list(entries)) for cid, entries in self._pending.items()]
+        seqs = (self.to_server.next_seq, self.to_client.next_seq)
+        return RestStart(seqs, self.to_client.position, self.responses.hole_end, waiting)
 
     def advance(self, rest: CleanConnection) -> None:
-        """The state reading ``rest`` (made at rest, no request waiting at its end that any
-        later row needs) segment by segment would have left."""
+        """The state reading ``rest`` (made from :meth:`rest_start`) segment by segment would
+        have left."""
         self.to_server.advance(rest.stream_bytes[0])
         self.to_client.advance(rest.stream_bytes[1])
         rest.first_seq = self._seq
@@ -367,6 +369,10 @@ class WireConnection:
         ):
             self._highest_id = rest.highest_request_id
         self.last_ts_ns = rest.last_ts_ns
+        self._pending = collections.OrderedDict(
+            (cid, collections.deque(entries)) for cid, entries in rest.waiting
+        )
+        self._pending_count = sum(len(entries) for _, entries in rest.waiting)
 
     # -- frames ----------------------------------------------------------------------------
 
@@ -803,7 +809,7 @@ def _import_candidate(
             budget -= 1
             if not budget:
                 tries = _CANDIDATE_TRIES
-            run = rest_of_connection(table, candidate, done, conn.stream_positions(), max_frame_size)
+            run = rest_of_connection(table, candidate, done, conn.rest_start(), max_frame_size)
             if run is None:
                 continue
             conn.advance(run)
@@ -812,6 +818,7 @@ def _import_candidate(
             stats.requests += run.requests
             stats.responses += run.responses
             stats.unmatched_responses += run.unmatched
+            stats.latency_unknown += run.latency_unknown
             if run.closed_at is not None:
                 closed = rows[done + run.closed_at]
                 closing = importer.close_connection(candidate.endpoints, run.last_ts_ns, "fin")

@@ -312,6 +312,12 @@ class FrameSplitter:
         return not self.synced and bool(self._search)
 
     @property
+    def hole_end(self) -> int:
+        """Where the latest unframed stretch ended (-1: none so far): frames made from here,
+        at rest, carry it."""
+        return self._hole_end
+
+    @property
     def at_rest(self) -> bool:
         """In sync between two frames, no hole or skipped bytes since the last one: whole
         frames fed from here are made as a clean stream's are, and leave this state as it was."""
