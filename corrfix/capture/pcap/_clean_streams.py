@@ -17,11 +17,12 @@ the rows made here are the rows it would make, in its order (checked by the test
 
 Any other connection (it started before the capture, lost or repeated packets, ...) is
 read by the per-segment path until that path is at rest: in sync in both directions,
-between frames, nothing held and no request waiting. From there on the per-segment path
-would frame clean traffic as it frames a clean connection, so the rest, when it is clean
-(the same conditions, from the sequence numbers reached), or else its longest clean run
-that ends at rest again, is made here (:func:`rest_of_connection`) and the per-segment
-state is moved past it; after a run, the per-segment path reads on.
+between frames, nothing held. From there on the per-segment path would frame clean
+traffic as it frames a clean connection, so the rest, when it is clean (the same
+conditions, from the sequence numbers reached), or else its longest clean run that ends
+at rest again, is made here (:func:`rest_of_connection`), answers matched to the requests
+that path still waits for too, and its state is moved past the run; after a run, the
+per-segment path reads on.
 """
 
 from __future__ import annotations

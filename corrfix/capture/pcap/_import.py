@@ -651,8 +651,9 @@ def import_pcap(
 ) -> ImportStats:
     """Convert a pcap/pcapng file into a capture in ``out_dir`` (created if needed).
 
-    Clean connections are imported whole (:mod:`._clean_streams`) unless ``clean_path`` is
-    False; every other one segment by segment. The rows are the same either way.
+    Clean connections, and the clean stretches of the others, are imported whole
+    (:mod:`._clean_streams`) unless ``clean_path`` is False; the rest segment by segment. The
+    rows are the same either way.
 
     The default capture id is derived from the file's content. A pcap whose content was
     already imported into ``out_dir`` is not imported again: the stats say so in
