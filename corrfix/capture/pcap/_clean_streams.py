@@ -686,9 +686,11 @@ def _match_unique(
     known = is_request.copy()
     known[response_at[matched]] = True
     answered_by = np.full(len(ids), -1, np.int64)
-    answered = request_at[by_id[slot[matched]]] if len(sorted_ids) else request_at[:0]
-    answered_by[response_at[matched]] = answered
-    return (api_key, api_version, known, ~known), np.setdiff1d(request_at, answered), answered_by
+    answered = np.zeros(len(ids), bool)
+    if len(sorted_ids):
+        answered_by[response_at[matched]] = request_at[by_id[slot[matched]]]
+        answered[answered_by[response_at[matched]]] = True
+    return (api_key, api_version, known, ~known), request_at[~answered[request_at]], answered_by
 
 
 def _match(
