@@ -726,11 +726,13 @@ def _import_columns(
     columns = fast.columns
     if rows:
         columns = {
-            f.name: pa.concat_arrays([columns[f.name], pa.array([row.get(f.name) for row in rows], f.type)])
+            f.name: pa.concat_arrays(
+                [columns[f.name], arrays.values([row.get(f.name) for row in rows], f.type)]
+            )
             for f in writer.schema
             if f.name in columns
         }
-        fast.frames.extend(pa.array([row.get("frame") for row in rows], pa.binary()))
+        fast.frames.extend(arrays.values([row.get("frame") for row in rows], pa.binary()))
     order = np.lexsort(
         (
             np.concatenate([fast.rank, np.array(rank, np.int64)]),
