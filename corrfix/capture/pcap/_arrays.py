@@ -8,6 +8,7 @@ takes the numpy columns without converting them value by value.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,26 @@ def binary(data: bytes, starts: _Ints) -> pa.Array:
     """The pieces of ``data`` that begin at ``starts`` (each ends where the next begins)."""
     offsets = np.append(starts, len(data)).astype(np.int32)
     return pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def values(items: Sequence[int | str | bytes | None], type_: pa.DataType) -> pa.Array:
+    """Python values (ints, strings or bytes; None for null) as an Arrow array of ``type_``
+    (an integer, string or binary type), as ``pa.array`` makes it, without loading pandas."""
+    null = np.array([item is None for item in items], bool)
+    if pa.types.is_integer(type_):
+        return integers(np.array([0 if item is None else item for item in items], np.int64), type_, null=null)
+    if pa.types.is_string(type_):
+        codes: dict[str | None, int] = {}
+        found = [codes.setdefault(cast(str | None, item), len(codes)) for item in items]
+        return strings(list(codes), np.array(found, np.int64))
+    if pa.types.is_binary(type_):
+        pieces = [b"" if item is None else cast(bytes, item) for item in items]
+        offsets = np.zeros(len(pieces) + 1, np.int32)
+        np.cumsum([len(piece) for piece in pieces], out=offsets[1:])
+        validity, nulls = _validity(null, len(pieces))
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(pieces))]
+        return pa.Array.from_buffers(pa.binary(), len(pieces), buffers, null_count=nulls)
+    raise TypeError(f"no conversion to {type_}")
 
 
 def _validity(null: _Mask | None, length: int) -> tuple[pa.Buffer | None, int]:

@@ -39,7 +39,17 @@ import pyarrow as pa
 from corrfix.capture import SUMMARY_SUFFIX, CaptureFiles, write_summary
 from corrfix.capture.format import RowKind, Source, schema_for
 from corrfix.capture.pcap import _arrays as arrays
-from corrfix.capture.pcap._clean_streams import AT_END, clean_columns, import_clean
+from corrfix.capture.pcap import _clean_streams
+from corrfix.capture.pcap._clean_streams import (
+    AT_END,
+    Candidate,
+    CleanConnection,
+    FrameSource,
+    RestStart,
+    clean_columns,
+    import_clean,
+    rest_of_connection,
+)
 from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
 from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
@@ -174,10 +184,16 @@ class CaptureRowWriter:
         files.write(pa.RecordBatch.from_arrays(columns, schema=schema))
         self._pending = []
 
-    def write_columns(self, columns: dict[str, pa.Array], order: npt.NDArray[np.int64], started: int) -> None:
-        """Rows given as columns (those rows set; the capture id and source are added), taken
-        in ``order``: in batches of ``batch_rows``, as if written one by one. ``started``: the
-        time of the first row in that order."""
+    def write_columns(
+        self,
+        columns: dict[str, pa.Array],
+        frames: FrameSource,
+        order: npt.NDArray[np.int64],
+        started: int,
+    ) -> None:
+        """Rows given as columns (those rows set; the capture id and source are added; the
+        ``frame`` column from ``frames``), taken in ``order``: in batches of ``batch_rows``,
+        as if written one by one. ``started``: the time of the first row in that order."""
         self.flush()
         if not len(order):
             return
@@ -195,9 +211,12 @@ class CaptureRowWriter:
             ],
             schema=self.schema,
         )
+        frame_at = self.schema.get_field_index("frame")
         # Taken batch by batch: a slice would write its parent's buffers, so other bytes.
         for first in range(0, len(order), self.batch_rows):
-            taken = rows.take(arrays.indices(order[first : first + self.batch_rows]))
+            batch = order[first : first + self.batch_rows]
+            taken = rows.take(arrays.indices(batch))
+            taken = taken.set_column(frame_at, self.schema.field(frame_at), frames.take(batch))
             files.write(taken)
             self.rows += taken.num_rows
 
@@ -316,6 +335,44 @@ class WireConnection:
         self.stats["gap_bytes"] += self.requests.gap_bytes + self.responses.gap_bytes
         self.stats["skipped_bytes"] += self.requests.skipped_bytes + self.responses.skipped_bytes
         return rows
+
+    def at_rest(self) -> bool:
+        """Both directions in sync between frames, nothing held, no FIN:
+        from here, clean traffic makes the rows a clean connection makes (see
+        :func:`._clean_streams.rest_of_connection`)."""
+        return (
+            not self._held_answers
+            and not self._new_ids
+            and not self.fins
+            and self.to_server.at_rest
+            and self.to_client.at_rest
+            and self.requests.at_rest
+            and self.responses.at_rest
+        )
+
+    def rest_start(self) -> RestStart:
+        """Where this connection stands, for :func:`._clean_streams.rest_of_connection`."""
+        waiting = [(cid, list(entries)) for cid, entries in self._pending.items()]
+        seqs = (self.to_server.next_seq, self.to_client.next_seq)
+        return RestStart(seqs, self.to_client.position, self.responses.hole_end, waiting)
+
+    def advance(self, rest: CleanConnection) -> None:
+        """The state reading ``rest`` (made from :meth:`rest_start`) segment by segment would
+        have left."""
+        self.to_server.advance(rest.stream_bytes[0])
+        self.to_client.advance(rest.stream_bytes[1])
+        rest.first_seq = self._seq
+        rest.connection_id = self.connection_id
+        self._seq += len(rest.kind)
+        if rest.highest_request_id is not None and (
+            self._highest_id is None or rest.highest_request_id > self._highest_id
+        ):
+            self._highest_id = rest.highest_request_id
+        self.last_ts_ns = rest.last_ts_ns
+        self._pending = collections.OrderedDict(
+            (cid, collections.deque(entries)) for cid, entries in rest.waiting
+        )
+        self._pending_count = sum(len(entries) for _, entries in rest.waiting)
 
     # -- frames ----------------------------------------------------------------------------
 
@@ -479,6 +536,17 @@ class WireConnection:
         }
 
 
+_CONNECTION_COUNTS = (  # the stats a connection counts, added to the import's when it closes
+    "requests",
+    "responses",
+    "unmatched_responses",
+    "latency_unknown",
+    "truncated_frames",
+    "gap_bytes",
+    "skipped_bytes",
+)
+
+
 class WireImporter:
     """Routes segments to connections by 4-tuple; a SYN on a closed tuple starts a new one."""
 
@@ -555,19 +623,19 @@ class WireImporter:
         self.stats.connections += 1
         return conn
 
+    def connection(self, key: tuple[Endpoint, Endpoint]) -> WireConnection | None:
+        """The open connection between these endpoints (client, server), if any."""
+        return self._open.get(key)
+
+    def close_connection(self, key: tuple[Endpoint, Endpoint], ts_ns: int, reason: str) -> list[Row]:
+        """Close an open connection whose closing segment was read elsewhere (the clean path)."""
+        return self._close(key, ts_ns, reason)
+
     def _close(self, key: tuple[Endpoint, Endpoint], ts_ns: int, reason: str) -> list[Row]:
         conn = self._open.pop(key)
         self._closed.add(key)
         rows = conn.close(ts_ns, reason)
-        for name in (
-            "requests",
-            "responses",
-            "unmatched_responses",
-            "latency_unknown",
-            "truncated_frames",
-            "gap_bytes",
-            "skipped_bytes",
-        ):
+        for name in _CONNECTION_COUNTS:
             setattr(self.stats, name, getattr(self.stats, name) + conn.stats[name])
         return rows
 
@@ -583,8 +651,9 @@ def import_pcap(
 ) -> ImportStats:
     """Convert a pcap/pcapng file into a capture in ``out_dir`` (created if needed).
 
-    Clean connections are imported whole (:mod:`._clean_streams`) unless ``clean_path`` is
-    False; every other one segment by segment. The rows are the same either way.
+    Clean connections, and the clean stretches of the others, are imported whole
+    (:mod:`._clean_streams`) unless ``clean_path`` is False; the rest segment by segment. The
+    rows are the same either way.
 
     The default capture id is derived from the file's content. A pcap whose content was
     already imported into ``out_dir`` is not imported again: the stats say so in
@@ -630,43 +699,40 @@ def import_pcap(
 def _import_columns(
     table: PacketColumns, importer: WireImporter, writer: CaptureRowWriter, max_frame_size: int
 ) -> None:
-    """Clean connections whole, the other segments through ``importer``; rows merged into the
-    order the importer alone would have written them (see :class:`._clean_streams.RowColumns`)."""
+    """Clean connections whole, the rest of connections that started before the capture
+    whole once they are at rest, the other segments through ``importer``; rows merged into
+    the order the importer alone would have written them (see
+    :class:`._clean_streams.RowColumns`)."""
     clean = import_clean(table, importer.kafka_ports, max_frame_size)
     rest = table.select(clean.rest)
     rest.others = table.others
-    rows: list[Row] = []
-    packet: list[int] = []
-    opened: list[int] = []
-    rank: list[int] = []
-    opened_at: dict[str, int] = {}
+    out = _SegmentRows()
     for segment in rest.segments():
-        for n, row in enumerate(importer.segment(segment)):
-            if row["kind"] == _OPEN:
-                opened_at[row["connection_id"]] = segment.index
-            rows.append(row)
-            packet.append(segment.index)
-            rank.append(n)
-        opened += [0] * (len(rows) - len(opened))
-    for n, row in enumerate(importer.finish()):
-        rows.append(row)
-        packet.append(AT_END)
-        opened.append(opened_at[row["connection_id"]])
-        rank.append(n)
+        out.add(importer.segment(segment), segment.index)
+    out.finish(importer)
     stats = importer.stats
+    rests = [
+        run
+        for c in clean.midstream
+        for run in _import_candidate(table, c, importer.kafka_ports, stats, out, max_frame_size)
+    ]
+    rows, packet, opened, rank = out.rows, out.packet, out.opened, out.rank
     stats.kafka_segments += clean.kafka_segments
     stats.connections += len(clean.connections)
     stats.requests += sum(c.requests for c in clean.connections)
     stats.responses += sum(c.responses for c in clean.connections)
     stats.unmatched_responses += sum(c.unmatched for c in clean.connections)
-    fast = clean_columns(clean.connections)
+    fast = clean_columns(clean.connections + rests)
     columns = fast.columns
     if rows:
         columns = {
-            f.name: pa.concat_arrays([columns[f.name], pa.array([row.get(f.name) for row in rows], f.type)])
+            f.name: pa.concat_arrays(
+                [columns[f.name], arrays.values([row.get(f.name) for row in rows], f.type)]
+            )
             for f in writer.schema
             if f.name in columns
         }
+        fast.frames.extend(arrays.values([row.get("frame") for row in rows], pa.binary()))
     order = np.lexsort(
         (
             np.concatenate([fast.rank, np.array(rank, np.int64)]),
@@ -677,4 +743,99 @@ def _import_columns(
     if len(order):
         first = int(order[0])
         started = fast.ts_ns[first] if first < len(fast.ts_ns) else rows[first - len(fast.ts_ns)]["wall_ns"]
-        writer.write_columns(columns, order, started)
+        writer.write_columns(columns, fast.frames, order, started)
+
+
+class _SegmentRows:
+    """Rows the per-segment path made, with their write-order keys (see
+    :class:`._clean_streams.RowColumns`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.packet: list[int] = []
+        self.opened: list[int] = []
+        self.rank: list[int] = []
+        self.opened_at: dict[str, int] = {}
+
+    def add(self, rows: list[Row], index: int, first_rank: int = 0) -> None:
+        """Rows completed by the packet at ``index``."""
+        for n, row in enumerate(rows, first_rank):
+            if row["kind"] == _OPEN:
+                self.opened_at[row["connection_id"]] = index
+            self.rows.append(row)
+            self.packet.append(index)
+            self.rank.append(n)
+            self.opened.append(0)
+
+    def finish(self, importer: WireImporter) -> None:
+        """The rows made at the end of the capture."""
+        for n, row in enumerate(importer.finish()):
+            self.rows.append(row)
+            self.packet.append(AT_END)
+            self.opened.append(self.opened_at[row["connection_id"]])
+            self.rank.append(n)
+
+
+_CANDIDATE_TRIES = 4  # times in a row a connection at rest is checked for a clean run
+_CANDIDATE_BUDGET = 64  # ... and in all (each check reads all the packets left)
+_FOLDED = ("kafka_segments", "connections", *_CONNECTION_COUNTS)  # what an importer of its own counted
+
+
+def _import_candidate(
+    table: PacketColumns,
+    candidate: Candidate,
+    kafka_ports: Collection[int],
+    stats: ImportStats,
+    out: _SegmentRows,
+    max_frame_size: int,
+) -> list[CleanConnection]:
+    """A connection the clean path did not take: segment by segment (its own importer;
+    connections share no state) until it is at rest, then its clean runs from there made
+    whole and returned, segment by segment again between them; its per-segment rows go to
+    ``out``, its counts to ``stats``."""
+    importer = WireImporter(kafka_ports, max_frame_size)
+    rows = candidate.rows
+    runs: list[CleanConnection] = []
+    tries = 0
+    budget = _CANDIDATE_BUDGET
+    done = 0
+    least = _clean_streams.MIN_PACKETS  # a shorter rest is cheaper segment by segment
+    step = least
+    while done < len(rows):
+        for segment in table.select(rows[done : done + step]).segments():
+            out.add(importer.segment(segment), segment.index)
+            done += 1
+            conn = importer.connection(candidate.endpoints)
+            if tries >= _CANDIDATE_TRIES or len(rows) - done < least or conn is None or not conn.at_rest():
+                continue
+            tries += 1
+            budget -= 1
+            if not budget:
+                tries = _CANDIDATE_TRIES
+            run = rest_of_connection(table, candidate, done, conn.rest_start(), max_frame_size)
+            if run is None:
+                continue
+            conn.advance(run)
+            runs.append(run)
+            stats.kafka_segments += run.packets
+            stats.requests += run.requests
+            stats.responses += run.responses
+            stats.unmatched_responses += run.unmatched
+            stats.latency_unknown += run.latency_unknown
+            if run.closed_at is not None:
+                closed = rows[done + run.closed_at]
+                closing = importer.close_connection(candidate.endpoints, run.last_ts_ns, "fin")
+                out.add(closing, int(table.index[closed]), first_rank=_AFTER_FRAMES)
+            done += run.packets
+            tries = 0
+            step = least
+            break
+        else:
+            step *= 2
+    out.finish(importer)
+    for name in _FOLDED:
+        setattr(stats, name, getattr(stats, name) + getattr(importer.stats, name))
+    return runs
+
+
+_AFTER_FRAMES = 1 << 40  # rank of a close row after the frames its packet completed

@@ -134,24 +134,11 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
         return None
     cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
     table = _Table()
-    # Chain the blocks by their lengths (the only step that must go block by block), up to the
-    # first whose length is broken; then sort them by type all at once.
-    read_length = struct.Struct(order + "I").unpack_from
-    starts: list[int] = []
-    append = starts.append
-    pos = first
-    while pos + 8 <= size:
-        length = read_length(mm, pos + 4)[0]
-        if length < 12 or length % 4 or pos + length > size:
-            block_type = read_length(mm, pos)[0]
-            if block_type == _SHB or length < 8 or not (length < 12 or pos + length > size):
-                return None  # another section, a broken or unaligned length: the per-packet reader decides
-            table.truncated = True
-            break
-        append(pos)
-        pos += length
     words = np.frombuffer(mm, np.dtype(order + "u4"), count=size // 4)
-    at_all = np.array(starts, np.int64) // 4
+    chained = _chain(mm, words, first, order, table)
+    if chained is None:
+        return None
+    at_all = chained // 4
     types, lengths_all = words[at_all], words[at_all + 1]
     if ((types == _SHB) | (types == _PCAPNG_PB) | (types == _PCAPNG_SPB)).any():
         return None
@@ -184,6 +171,69 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     table.linktypes = linktypes
     table.stamps = ((highs << 32) | lows) * units + shifts * _NS
     return table
+
+
+class _Runs:
+    """Where enhanced packet blocks may start: every aligned word holding the block type whose
+    length is plausible and repeated at the block's end, in runs that chain (each ends where
+    the next begins). A position of the real chain that is one of these is followed, from
+    there to the end of its run, without reading the blocks one by one."""
+
+    def __init__(self, words: npt.NDArray[np.uint32], first: int, size: int) -> None:
+        at = np.flatnonzero(words[first // 4 : -1] == _PCAPNG_EPB).astype(np.int64) + first // 4
+        lengths = words[at + 1].astype(np.int64)
+        ok = (lengths >= 12) & (lengths % 4 == 0) & (at * 4 + lengths <= size)
+        at, lengths = at[ok], lengths[ok]
+        ok = words[at + lengths // 4 - 1] == lengths
+        self.starts = at[ok] * 4
+        self.ends = self.starts + lengths[ok]
+        breaks = np.flatnonzero(self.ends[:-1] != self.starts[1:]) + 1
+        self.run_ends = np.append(breaks, len(self.starts))
+
+    def run_from(self, pos: int) -> tuple[npt.NDArray[np.int64], int] | None:
+        """The block starts from ``pos`` to the end of its run and where the run ends, or None
+        when ``pos`` is not one of the candidates."""
+        k = int(np.searchsorted(self.starts, pos))
+        if k == len(self.starts) or self.starts[k] != pos:
+            return None
+        stop = int(self.run_ends[np.searchsorted(self.run_ends, k, side="right")])
+        return self.starts[k:stop], int(self.ends[stop - 1])
+
+
+def _chain(
+    mm: mmap.mmap, words: npt.NDArray[np.uint32], first: int, order: str, table: _Table
+) -> _Ints | None:
+    """Where each block starts, chained by their lengths from ``first`` up to the first whose
+    length is broken (the file is then truncated, ``table.truncated``); None when another
+    section or a broken or unaligned length means the per-packet reader must decide. Enhanced
+    packet blocks are taken a run at a time (:class:`_Runs`), any other block on its own."""
+    size = len(mm)
+    runs = _Runs(words, first, size)
+    read_length = struct.Struct(order + "I").unpack_from
+    pieces: list[_Ints] = []
+    single: list[int] = []
+    pos = first
+    while pos + 8 <= size:
+        if words[pos // 4] == _PCAPNG_EPB:
+            run = runs.run_from(pos)
+            if run is not None:
+                if single:
+                    pieces.append(np.array(single, np.int64))
+                    single = []
+                pieces.append(run[0])
+                pos = run[1]
+                continue
+        length = read_length(mm, pos + 4)[0]
+        if length < 12 or length % 4 or pos + length > size:
+            block_type = read_length(mm, pos)[0]
+            if block_type == _SHB or length < 8 or not (length < 12 or pos + length > size):
+                return None
+            table.truncated = True
+            break
+        single.append(pos)
+        pos += length
+    pieces.append(np.array(single, np.int64))
+    return np.concatenate(pieces)
 
 
 def _segments(mm: mmap.mmap, table: _Table, stats: PacketStats) -> Iterator[TcpSegment]:

@@ -82,6 +82,23 @@ class StreamReassembler:
         return self._next
 
     @property
+    def at_rest(self) -> bool:
+        """Started, every byte seen delivered, no FIN: segments that follow back to back
+        would each be delivered at once, whole."""
+        return self._isn is not None and not self._held and self._end is None and self._seen_end <= self._next
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number of the next byte to deliver (once started)."""
+        assert self._isn is not None
+        return (self._isn + self._next) % _SEQ_MOD
+
+    def advance(self, length: int) -> None:
+        """``length`` more bytes were delivered, in order, elsewhere (the clean path)."""
+        self._next += length
+        self._seen_end = self._next
+
+    @property
     def held_bytes(self) -> int:
         """Captured bytes waiting behind a hole."""
         return self._held_bytes

@@ -311,6 +311,18 @@ class FrameSplitter:
         """Out of sync, with captured bytes not yet framed or given up on."""
         return not self.synced and bool(self._search)
 
+    @property
+    def hole_end(self) -> int:
+        """Where the latest unframed stretch ended (-1: none so far): frames made from here,
+        at rest, carry it."""
+        return self._hole_end
+
+    @property
+    def at_rest(self) -> bool:
+        """In sync between two frames, no hole or skipped bytes since the last one: whole
+        frames fed from here are made as a clean stream's are, and leave this state as it was."""
+        return self.synced and not self._consumed and not self._gap_before and not self._skipped_before
+
     def reconsider(self, offsets: Callable[[bytearray, int], Iterable[int]]) -> list[WireFrame]:
         """Try again candidates ``offsets(buffer, stop)`` finds among bytes already searched.
 

@@ -3,7 +3,9 @@
 Random Kafka-like traffic (requests and answers of random sizes, correlation ids that repeat,
 answers that match nothing, insane sizes) over one or more TCP connections, cut into random
 segments, then damaged or not (a segment dropped, duplicated or moved, a snap length, a start
-mid-stream, no FIN, an RST, a port reused, acknowledgements ahead of the data). The import
+mid-stream, alone or with a segment dropped or moved after it, no FIN, an RST, a port reused,
+acknowledgements ahead of the data). A connection that starts mid-stream is read segment by
+segment until it is at rest, then, if the rest is clean, whole. The import
 with the clean path must give the same files, byte for byte, and the same summary and stats
 as the per-segment path alone, the reference.
 """
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 
 from corrfix.capture.pcap import TcpSegment, _clean_streams, import_pcap
 from tests.support import wire_damage as damage
-from tests.support.tcp_synth import ACK, FIN, TcpSession
+from tests.support.tcp_synth import ACK, FIN, SYN, TcpSession
 
 SERVER = ("10.1.0.9", 9092)
 START_NS = 1_700_000_000_000_000_000
@@ -71,16 +73,47 @@ exchanges = st.lists(
     ),
     max_size=12,
 )
-DAMAGES = ["none"] * 6 + ["drop", "duplicate", "swap", "midstream", "snap", "no_fin", "rst", "ack_ahead"]
+# Requests and answers whose bodies decode (ApiVersions v0, Metadata v0, no client id): the
+# per-segment path can prove a frame boundary in them after a mid-stream start.
+_DECODABLE = {18: (b"\xff\xff", struct.pack(">hi", 0, 0)), 3: (b"\xff\xff" + bytes(4), bytes(8))}
+decodable_exchange = st.tuples(
+    st.sampled_from(sorted(_DECODABLE)),
+    st.integers(-3, 40),
+    st.sampled_from(["answer"] * 8 + ["none", "other id"]),
+).map(
+    lambda e: (
+        _request(e[0], 0, e[1], _DECODABLE[e[0]][0]),
+        None
+        if e[2] == "none"
+        else _response(e[1] + 100 if e[2] == "other id" else e[1], _DECODABLE[e[0]][1]),
+    )
+)
+DAMAGES = ["none"] * 6 + ["drop", "duplicate", "swap", "snap", "no_fin", "rst", "ack_ahead"]
+DAMAGES += ["midstream"] * 3 + ["midstream_drop", "midstream_swap", "midstream_no_fin"]
 plans = st.builds(
     Plan,
     # 9092: both ends on the Kafka port; a server on 9093: no Kafka port (other traffic).
     port=st.sampled_from([40001, 40002, 40003, 9092, -40004]),
-    exchanges=exchanges,
+    exchanges=st.one_of(exchanges, st.lists(decodable_exchange, max_size=30)),
     mss=st.integers(1, 400),
     damage=st.sampled_from(DAMAGES),
     where=st.integers(0, 10_000),
     isn=st.sampled_from([1000, 2**32 - 700, 2**32 - 5_000_300]),  # sequence numbers that wrap
+)
+
+
+# Connections cut early, in traffic the per-segment path can resync on: most are taken whole
+# from where that path is at rest.
+midstream_plans = st.builds(
+    Plan,
+    port=st.sampled_from([40001, 40002, 40003]),
+    exchanges=st.lists(decodable_exchange, min_size=6, max_size=30),
+    mss=st.integers(1, 60),
+    damage=st.sampled_from(
+        ["midstream", "midstream_drop", "midstream_swap", "midstream_no_fin", "midstream_holes", "holes"]
+    ),
+    where=st.integers(0, 40),
+    isn=st.sampled_from([1000, 2**32 - 700, 2**32 - 5_000_300]),
 )
 
 
@@ -101,7 +134,7 @@ def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
             out += tcp.send(False, response, with_ack=True)
     if plan.damage == "rst":
         out.append(tcp.rst(True))
-    elif plan.damage != "no_fin":
+    elif not plan.damage.endswith("no_fin"):
         out += [tcp.fin(True), tcp.fin(False), tcp.ack(True)]
     segments = []
     for seg in out:
@@ -137,8 +170,17 @@ def _segments(plan: Plan) -> list[tuple[bool, TcpSegment]]:
         segments.insert(at, segments[at])
     elif plan.damage == "swap" and at + 1 < len(segments):
         segments[at], segments[at + 1] = segments[at + 1], segments[at]
-    elif plan.damage == "midstream":
+    elif plan.damage.startswith("midstream"):
         segments = segments[at:]
+        later = (plan.where // 7) % max(len(segments) - 1, 1)
+        if plan.damage == "midstream_drop" and segments:
+            del segments[later]
+        elif plan.damage == "midstream_swap" and later + 1 < len(segments):
+            segments[later], segments[later + 1] = segments[later + 1], segments[later]
+    if plan.damage.endswith("holes"):  # two segments lost anywhere
+        for n in (13, 29):
+            if segments:
+                del segments[(plan.where * n) % len(segments)]
     elif plan.damage == "snap":
         keep = plan.where % 40
         segments = [s._replace(payload=s.payload[:keep]) for s in segments]
@@ -186,6 +228,14 @@ def test_clean_path_writes_what_the_per_segment_path_writes(every_connection_siz
     _same_import(_capture(plans, order))
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(midstream_plans, min_size=1, max_size=3), st.randoms(use_true_random=False))
+def test_connections_cut_mid_stream_write_what_the_per_segment_path_writes(
+    every_connection_size, plans, order
+):
+    _same_import(_capture(plans, order))
+
+
 def test_a_clean_connection_takes_the_clean_path_and_a_damaged_one_does_not(every_connection_size, tmp_path):
     exchanges = [(_request(0, 7, i, bytes(50)), _response(i, bytes(20))) for i in range(20)]
     clean = Plan(40001, exchanges, 64, "none", 0)
@@ -198,10 +248,8 @@ def test_a_clean_connection_takes_the_clean_path_and_a_damaged_one_does_not(ever
         assert columns is not None
         found = _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20)
         assert [c.client_address for c in found.connections] == ["10.1.0.1:40001"]
-        assert set(columns.dport[found.rest].tolist()) | set(columns.sport[found.rest].tolist()) == {
-            40002,
-            9092,
-        }
+        assert [c.endpoints for c in found.midstream] == [(("10.1.0.1", 40002), SERVER)]
+        assert not len(found.rest)  # the damaged one: segment by segment, then clean runs
     _same_import(segments)
 
 
@@ -234,3 +282,40 @@ def test_a_connection_with_a_packet_the_per_packet_parser_read_is_left_to_it(eve
         found = _clean_streams.import_clean(partial, [SERVER[1]], 1 << 20)
         assert not found.connections
         assert len(found.rest) == len(keep)
+
+
+# ApiVersions v0 and its answer: bodies that decode, so that resync can prove a boundary.
+_API_VERSIONS = [(_request(18, 0, i, b"\xff\xff"), _response(i, struct.pack(">hi", 0, 0))) for i in range(60)]
+
+
+def _runs(tmp_path: Path, segments: list[TcpSegment]) -> tuple[list[_clean_streams.CleanConnection], int]:
+    """The clean runs of the one connection of ``segments`` (not clean itself), and how many
+    rows the per-segment path made for it."""
+    from corrfix.capture.pcap._import import ImportStats, _import_candidate, _SegmentRows
+    from corrfix.capture.pcap._packet_table import packet_columns
+
+    pcap = damage.write_pcap(tmp_path / "traffic.pcap", segments)
+    with packet_columns(pcap) as columns:
+        assert columns is not None
+        found = _clean_streams.import_clean(columns, [SERVER[1]], 1 << 20)
+        assert not found.connections and len(found.midstream) == 1
+        out = _SegmentRows()
+        runs = _import_candidate(columns, found.midstream[0], [SERVER[1]], ImportStats(), out, 1 << 20)
+        return runs, len(out.rows)
+
+
+def test_a_connection_that_starts_mid_stream_is_taken_whole_once_at_rest(tmp_path):
+    """Cut inside a frame, with a segment lost soon after: the per-segment path reads it until
+    it is in sync and no request waits, the clean path the rest; the files are the same."""
+    segments = _capture([Plan(40001, _API_VERSIONS[:40], 5, "midstream_drop", 7 + 7 * 3)], random.Random(5))
+    assert not segments[0].flags & SYN and len(segments[0].payload) < len(_API_VERSIONS[0][0])
+    runs, per_segment_rows = _runs(tmp_path, segments)
+    assert sum(run.requests for run in runs) > 20 and per_segment_rows < 20
+    _same_import(segments)
+
+
+def test_a_connection_that_loses_a_segment_is_taken_whole_on_either_side_of_the_hole(tmp_path):
+    segments = _capture([Plan(40001, _API_VERSIONS, 5, "drop", 200)], random.Random(5))
+    runs, _ = _runs(tmp_path, segments)
+    assert len(runs) == 2 and runs[0].closed_at is None and runs[1].closed_at is not None
+    _same_import(segments)
