@@ -63,13 +63,30 @@ class _Table:
         self.truncated = False
 
 
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[mmap.mmap]:
+    """The file mapped read-only while the context lasts.
+
+    Closing a mapping fails while numpy or Arrow views of it are alive, and an error on its
+    way up keeps them alive in its traceback: the mapping is then left to close with its last
+    view, so that the error reported is the one that ended the import, not a BufferError.
+    """
+    with path.open("rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mm
+    finally:
+        with contextlib.suppress(BufferError):
+            mm.close()
+
+
 def read_segments(path: Path, stats: PacketStats | None = None) -> Iterator[TcpSegment]:
     """Every TCP segment of a pcap or pcapng file, in file order."""
     stats = stats if stats is not None else PacketStats()
     if path.stat().st_size == 0:
         yield from read_segments_per_packet(path, stats)
         return
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with _mapped(path) as mm:
         table = _walk(mm)
         if table is None:
             yield from read_segments_per_packet(path, stats)
@@ -173,6 +190,10 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     return table
 
 
+_RUN_WINDOW = 1 << 20
+"""Words of the file compared at once when looking for packet blocks (4 MiB of the file)."""
+
+
 class _Runs:
     """Where enhanced packet blocks may start: every aligned word holding the block type whose
     length is plausible and repeated at the block's end, in runs that chain (each ends where
@@ -180,7 +201,15 @@ class _Runs:
     there to the end of its run, without reading the blocks one by one."""
 
     def __init__(self, words: npt.NDArray[np.uint32], first: int, size: int) -> None:
-        at = np.flatnonzero(words[first // 4 : -1] == _PCAPNG_EPB).astype(np.int64) + first // 4
+        # Compared a window at a time: a mask of the whole file would cost a byte per word.
+        last = len(words) - 1
+        at = np.concatenate(
+            [
+                np.flatnonzero(words[lo : min(lo + _RUN_WINDOW, last)] == _PCAPNG_EPB).astype(np.int64) + lo
+                for lo in range(first // 4, max(last, first // 4), _RUN_WINDOW)
+            ]
+            or [np.zeros(0, np.int64)]
+        )
         lengths = words[at + 1].astype(np.int64)
         ok = (lengths >= 12) & (lengths % 4 == 0) & (at * 4 + lengths <= size)
         at, lengths = at[ok], lengths[ok]
@@ -317,7 +346,7 @@ def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[Pac
     if path.stat().st_size == 0:
         yield None
         return
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with _mapped(path) as mm:
         table = _walk(mm)
         if table is None:
             yield None

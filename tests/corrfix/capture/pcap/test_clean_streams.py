@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture.pcap import TcpSegment, _clean_streams, import_pcap
+from corrfix.capture.pcap._import import CaptureRowWriter
 from tests.support import wire_damage as damage
 from tests.support.tcp_synth import ACK, FIN, SYN, TcpSession
 
@@ -251,6 +252,23 @@ def test_a_clean_connection_takes_the_clean_path_and_a_damaged_one_does_not(ever
         assert [c.endpoints for c in found.midstream] == [(("10.1.0.1", 40002), SERVER)]
         assert not len(found.rest)  # the damaged one: segment by segment, then clean runs
     _same_import(segments)
+
+
+def test_an_error_while_writing_is_the_error_reported(every_connection_size, tmp_path, monkeypatch):
+    """Views of the mapped pcap are alive in the error's traceback: closing the mapping must not
+    replace the error with a BufferError."""
+    exchanges = [(_request(0, 7, i, bytes(50)), _response(i, bytes(20))) for i in range(20)]
+    pcap = damage.write_pcap(
+        tmp_path / "traffic.pcap", _capture([Plan(40001, exchanges, 64, "none", 0)], random.Random(3))
+    )
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CaptureRowWriter, "write_columns", disk_full)
+    with pytest.raises(OSError, match="No space left") as raised:
+        import_pcap(pcap, tmp_path / "out", [SERVER[1]], capture_id="full-disk")
+    assert not isinstance(raised.value, BufferError)
 
 
 def test_short_connections_are_left_to_the_per_segment_path(tmp_path):

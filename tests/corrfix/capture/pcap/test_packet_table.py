@@ -13,7 +13,7 @@ import dpkt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corrfix.capture.pcap import TcpSegment
+from corrfix.capture.pcap import TcpSegment, _packet_table
 from corrfix.capture.pcap._packet_table import read_segments
 from corrfix.capture.pcap._packets import PacketStats, read_segments_per_packet
 from corrfix.capture.pcap._pcapng_blocks import PcapngWriter
@@ -105,12 +105,15 @@ def _pcapng(path: Path, pcap: Path, comments: list[bool], others: list[int], fak
     fakes=st.lists(st.integers(0, 11), max_size=3),
     cut=st.floats(0.0, 1.0),
     flips=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 255)), max_size=3),
+    window=st.sampled_from([1 << 20, 64, 7]),
 )
 def test_the_pcapng_block_chain_is_the_per_packet_readers(
-    tmp_path, count, payload, comments, others, fakes, cut, flips
+    tmp_path, monkeypatch, count, payload, comments, others, fakes, cut, flips, window
 ):
     """Enhanced packet blocks are chained a run at a time; other blocks, comments, payloads
-    that look like blocks, cuts and flipped bits must not change what is read."""
+    that look like blocks, cuts, flipped bits and the window the file is searched in must not
+    change what is read."""
+    monkeypatch.setattr(_packet_table, "_RUN_WINDOW", window)
     pcap = write_pcap(tmp_path / "t.pcap", _segments(count, payload))
     path = _pcapng(tmp_path / "t.pcapng", pcap, comments, others, fakes)
     _assert_read_alike(path, count, cut, flips, header=12)
