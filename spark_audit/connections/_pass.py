@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
-from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
+from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
 from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches
 
 KEY = ["capture_id", "connection_id"]
@@ -137,8 +137,10 @@ def _side(table: pa.Table, side: str, id_column: str) -> pa.Table:
         frames = frames.filter(pc.equal(frames.column("source"), "proxy"))
     parts = [TRANSACTIONS_SCHEMA.empty_table()]
     for source in pc.unique(frames.column("source")).to_pylist():
-        one = frames.filter(pc.equal(frames.column("source"), source))
-        pairs = match(_match_input(one, id_column))
+        one = _match_input(frames.filter(pc.equal(frames.column("source"), source)), id_column)
+        if side == "upstream" and answers_in_order(one):  # the upstream check would read nothing
+            continue
+        pairs = match(one)
         if side == "upstream":  # only what the upstream check reads: overtaken sends, strays
             strays = pc.equal(pairs.column("direction"), "response")
             pairs = pairs.filter(pc.fill_null(pc.or_kleene(strays, pairs.column("skipped")), False))
