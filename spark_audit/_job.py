@@ -187,8 +187,8 @@ def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], l
     part of the audit table, in one Spark action, which also fills both caches."""
     small = audit.filter(F.col("part").isin(*_SMALL))
     if facts is not None:
-        counts = facts.filter(F.col("kind") == "fact_count").select(
-            F.lit("fact_count").alias("part"), "fact", "rows"
+        counts = facts.filter(F.col("kind").isin("fact_count", "sizes")).select(
+            F.concat(F.lit("facts:"), F.col("kind")).alias("part"), "fact", "rows"
         )
         small = small.unionByName(counts, allowMissingColumns=True)
     rows = small.collect()
@@ -196,9 +196,12 @@ def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], l
     for row in rows:
         if row["part"] == "sizes":
             part_rows[row["counted"]] = part_rows.get(row["counted"], 0) + row["rows"]
+        elif row["part"] == "facts:sizes":
+            name = f"facts:{row['fact']}"
+            part_rows[name] = part_rows.get(name, 0) + row["rows"]
     return (
         [r for r in rows if r["part"] in ("connection", "latency")],
-        [r for r in rows if r["part"] == "fact_count"],
+        [r for r in rows if r["part"] == "facts:fact_count"],
         part_rows,
     )
 
@@ -329,12 +332,20 @@ class _AuditRun:
             return None
         return offset_loss_findings(offset_losses(self.facts))
 
+    def _has_facts(self, name: str) -> bool:
+        """Whether the facts table has rows of ``name`` (a fact, or ``batch_sends``) after
+        the pass's merge and sums; True when that is not known."""
+        return self.part_rows is None or bool(self.part_rows.get(f"facts:{name}"))
+
     def produce(self) -> DataFrame | None:
         if self._lacks("produce_batch"):
             return None
-        return duplicate_findings(duplicates_of_sends(self.batch_sends)).unionByName(
-            sequence_findings(sequence_problems(attempts(self.facts)))
-        )
+        found = []
+        if self._has_facts("batch_sends"):
+            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends)))
+        if self._has_facts("produce_batch"):  # batches with a producer id
+            found.append(sequence_findings(sequence_problems(attempts(self.facts))))
+        return functools.reduce(DataFrame.unionByName, found) if found else None
 
 
 TABLES = ("transactions", "facts", "anomalies")
@@ -403,7 +414,8 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
             run = _AuditRun(audit, facts, options, by_api, kinds, part_rows)
             planned = {check: getattr(run, check)() for check in chosen}
             findings = {check: df for check, df in planned.items() if df is not None}
-            inputs = sum(n for part, n in part_rows.items() if part not in _SMALL) + sum(decoded.values())
+            anomalies = sum(n for part, n in part_rows.items() if part not in _SMALL and ":" not in part)
+            inputs = anomalies + sum(decoded.values())
             got = _collect(run.tables, findings, options, on_driver=inputs <= DRIVER_TALLY_ROWS)
             got.update({"latency.by_api": by_api, "latency.by_window": by_window})
         if options.tables:

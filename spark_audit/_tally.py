@@ -105,17 +105,16 @@ def tally_rows(
     """:func:`tally_tables` on the driver, from :func:`finding_rows`' (tag, json) rows: the
     ``counts`` rows, and each check's first ``limit`` findings by ``top:<check>``."""
     counts: dict[tuple[str, Any, Any, Any], int] = {}
-    per_check: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    per_check: dict[str, list[dict[str, Any]]] = {}
     for tag, text in rows:
         check = tag[len(FINDING_TAG) :]
         finding = json.loads(text)
         window = finding.pop(_WINDOW_KEY)
         key = (check, finding["kind"], finding["severity"], window)
         counts[key] = counts.get(key, 0) + 1
-        per_check.setdefault(check, []).append((text, finding))
-    top = {
-        f"top:{check}": [f for _, f in sorted(found, key=lambda got: (_rank(got[1]), got[0]))[:limit]]
-        for check, found in per_check.items()
+        per_check.setdefault(check, []).append(finding)
+    top = {  # ties in every ranked column keep the order Spark gave the rows (a stable sort)
+        f"top:{check}": sorted(found, key=_rank)[:limit] for check, found in per_check.items()
     }
     counted = [
         {"_check": c, "kind": k, "severity": s, WINDOW: w, "count": n} for (c, k, s, w), n in counts.items()

@@ -95,7 +95,10 @@ FACTS_SCHEMA = pa.schema(
 ``fact_count``: ``rows`` facts of kind ``fact`` decoded from the connection, before that
 merge; ``batch_sends`` (only when the pass is asked to sum them): the sends of batches
 without a producer id summed per batch (:data:`BATCH_SENDS_SCHEMA`), which then are not
-``fact`` rows."""
+``fact`` rows; ``sizes``: ``rows`` rows of kind ``fact`` of each ``fact`` per connection
+(after the merge), and, with the sums, of kind ``batch_sends`` per partition (``fact`` =
+``batch_sends``), so that the driver knows which checks have input without a Spark
+aggregation."""
 
 FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
 """The columns of a ``fact`` row of :data:`FACTS_SCHEMA` the checks read."""
@@ -312,6 +315,13 @@ def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
         plain = plain_batches(merged)
         parts.append(_conform(sum_sends(merged.filter(plain)), FACTS_SCHEMA, kind="batch_sends"))
         merged = merged.filter(pc.invert(plain))
+    kept = merged.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
+        [([], "count_all")]
+    )
+    parts.append(_conform(kept.rename_columns({"count_all": "rows"}), FACTS_SCHEMA, kind="sizes"))
+    if sum_plain_sends:  # summed per partition, as the batch_sends rows themselves
+        summed = pa.table({"fact": ["batch_sends"], "rows": pa.array([parts[-2].num_rows], pa.int64())})
+        parts.append(_conform(summed, FACTS_SCHEMA, kind="sizes"))
     return pa.concat_tables([_conform(merged, FACTS_SCHEMA, kind="fact"), *parts])
 
 
