@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from spark_audit._catalog import CHECKS, SEVERITIES
 from spark_audit._progress import Progress
+from spark_audit._tally import FINDING_TAG, as_json, finding_rows, tally_rows, tally_tables
 from spark_audit.checks import (
     GROUP_ACTIVITY,
     attempts,
@@ -32,7 +33,6 @@ from spark_audit.checks import (
     rebalances,
     sequence_problems,
     slow_requests,
-    window_start,
 )
 from spark_audit.connections import (
     BATCH_SENDS_SCHEMA,
@@ -91,9 +91,6 @@ class AuditOptions:
     tables: str | None = None
 
 
-JSON_OPTIONS = {"ignoreNullFields": "false"}
-
-
 @dataclass(frozen=True)
 class _Table:
     """A report table: its rows as JSON, sorted by the ``order`` columns on the driver (a
@@ -104,52 +101,34 @@ class _Table:
     order: tuple[str, ...]
 
 
-def _as_json(df: DataFrame, tag: str) -> DataFrame:
-    """``df`` as (tag, n, json): every row as one JSON object, ``n`` 0 (unnumbered)."""
-    return df.select(
-        F.lit(tag).alias("tag"),
-        F.lit(0).cast("long").alias("n"),
-        F.to_json(F.struct(*[F.col(c) for c in df.columns]), JSON_OPTIONS).alias("json"),
-    )
-
-
 def _ascending(row: dict[str, Any], order: Sequence[str]) -> tuple[tuple[bool, Any], ...]:
     """Spark's ascending order of ``row`` by ``order``: nulls first."""
     return tuple((row[c] is not None, row[c]) if row[c] is not None else (False, 0) for c in order)
 
 
-def _findings_tables(checks: dict[str, DataFrame], window_s: float, limit: int) -> list[DataFrame]:
-    """Counts per check, kind, severity and window (the timeline) and each check's first
-    ``limit`` findings (worst first, then by time), as :func:`_as_json` rows."""
-    found = functools.reduce(
-        DataFrame.unionByName, [df.withColumn("_check", F.lit(name)) for name, df in checks.items()]
-    )
-    window = window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
-    counts = found.groupBy("_check", "kind", "severity", window).count()
-    worst_first = F.array_position(F.array(*map(F.lit, reversed(SEVERITIES))), F.col("severity"))
-    order = [worst_first, F.col("wall_ns").asc_nulls_last(), "connection_id", "kind"]
-    place = F.row_number().over(Window.partitionBy("_check").orderBy(*order))
-    top = found.withColumn("_n", place).filter(F.col("_n") <= limit)
-    finding_columns = [c for c in top.columns if c not in ("_check", "_n")]
-    return [
-        _as_json(counts, "counts"),
-        top.select(
-            F.concat(F.lit("top:"), F.col("_check")).alias("tag"),
-            F.col("_n").cast("long").alias("n"),
-            F.to_json(F.struct(*[F.col(c) for c in finding_columns]), JSON_OPTIONS).alias("json"),
-        ),
-    ]
-
-
-def _collect(tables: list[_Table], findings: list[DataFrame]) -> dict[str, list[dict[str, Any]]]:
+def _collect(
+    tables: list[_Table], findings: dict[str, DataFrame], options: AuditOptions, on_driver: bool
+) -> dict[str, list[dict[str, Any]]]:
     """Every report table and the findings in one Spark action (each action costs a job,
-    whatever its size): rows grouped by tag, in order."""
-    parts = [_as_json(t.df, t.name) for t in tables] + findings
-    rows = functools.reduce(DataFrame.unionByName, parts).collect()
+    whatever its size): rows grouped by tag, in order. The findings are counted and ranked
+    in Spark, or, when ``on_driver``, collected and counted and ranked here
+    (:mod:`spark_audit._tally`)."""
+    parts = [as_json(t.df, t.name) for t in tables]
+    if findings:
+        if on_driver:
+            parts.append(finding_rows(findings, options.window_s))
+        else:
+            parts += tally_tables(findings, options.window_s, options.max_findings)
+    rows = functools.reduce(DataFrame.unionByName, parts).collect() if parts else []
+    raw = [(row["tag"], row["json"]) for row in rows if row["tag"].startswith(FINDING_TAG)]
     out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for row in rows:
-        out.setdefault(row["tag"], []).append((row["n"], json.loads(row["json"])))
+        if not row["tag"].startswith(FINDING_TAG):
+            out.setdefault(row["tag"], []).append((row["n"], json.loads(row["json"])))
     got = {tag: [value for _, value in sorted(got, key=lambda item: item[0])] for tag, got in out.items()}
+    if on_driver:
+        got["counts"], top = tally_rows(raw, options.max_findings)
+        got.update(top)
     for table in tables:
         if table.name in got:
             got[table.name].sort(key=lambda row: _ascending(row, table.order))
@@ -193,22 +172,38 @@ class _Collector:
             }
 
 
-_SMALL = ("connection", "latency")
-"""The parts of the audit table the driver reads before the checks run."""
+_SMALL = ("connection", "latency", "sizes")
+"""The parts of the audit table the driver reads before the checks run: the report's
+captures, the latency summaries, and how many rows each other part has."""
 _BY_API_SCHEMA = "api_key short, requests long, p50_ms double, p99_ms double, max_ms double"
+DRIVER_TALLY_ROWS = 100_000
+"""The most input rows (anomalies, slow candidates and facts) whose findings are counted and
+ranked on the driver (:func:`spark_audit._tally.tally_rows`): no check finds more findings
+than it has input rows, and below this a Spark ``groupBy`` and window cost more than the rows."""
 
 
-def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row]]:
-    """The audit table's connection and latency rows and the facts' counts, in one Spark
-    action, which also fills both caches."""
+def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row], dict[str, int]]:
+    """The audit table's connection and latency rows, the facts' counts and the rows of each
+    part of the audit table, in one Spark action, which also fills both caches."""
     small = audit.filter(F.col("part").isin(*_SMALL))
     if facts is not None:
-        counts = facts.filter(F.col("kind") == "fact_count").select(
-            F.lit("fact_count").alias("part"), "fact", "rows"
+        counts = facts.filter(F.col("kind").isin("fact_count", "sizes")).select(
+            F.concat(F.lit("facts:"), F.col("kind")).alias("part"), "fact", "rows"
         )
         small = small.unionByName(counts, allowMissingColumns=True)
     rows = small.collect()
-    return [r for r in rows if r["part"] != "fact_count"], [r for r in rows if r["part"] == "fact_count"]
+    part_rows: dict[str, int] = {}
+    for row in rows:
+        if row["part"] == "sizes":
+            part_rows[row["counted"]] = part_rows.get(row["counted"], 0) + row["rows"]
+        elif row["part"] == "facts:sizes":
+            name = f"facts:{row['fact']}"
+            part_rows[name] = part_rows.get(name, 0) + row["rows"]
+    return (
+        [r for r in rows if r["part"] in ("connection", "latency")],
+        [r for r in rows if r["part"] == "facts:fact_count"],
+        part_rows,
+    )
 
 
 def _captures(connections: list[Row]) -> list[dict[str, Any]]:
@@ -258,14 +253,15 @@ class _AuditRun:
         options: AuditOptions,
         by_api: list[dict[str, Any]],
         fact_kinds: frozenset[str] = frozenset(),
+        part_rows: dict[str, int] | None = None,
     ) -> None:
         self.audit = audit
         self.all_facts = facts
         self.options = options
         self.by_api = by_api
         self.fact_kinds = fact_kinds
+        self.part_rows = part_rows
         self.tables: list[_Table] = []
-        self.findings: dict[str, DataFrame] = {}
 
     def _lacks(self, *needed: str) -> bool:
         """Whether the capture decoded none of the facts a check needs (any of ``needed``):
@@ -273,11 +269,11 @@ class _AuditRun:
         not built at all."""
         return not self.fact_kinds.intersection(needed)
 
-    def _nothing(self) -> DataFrame:
-        return self.audit.sparkSession.createDataFrame([], FINDING_SCHEMA)
-
-    def part(self, name: str) -> DataFrame:
-        """The rows of one part of the audit table, with that part's own columns."""
+    def part(self, name: str) -> DataFrame | None:
+        """The rows of one part of the audit table, with that part's own columns; None when
+        the part is known to be empty (then its findings' plan is not built)."""
+        if self.part_rows is not None and not self.part_rows.get(name):
+            return None
         return self.audit.filter(F.col("part") == name).select(*PARTS[name].names)
 
     @functools.cached_property
@@ -292,25 +288,30 @@ class _AuditRun:
         assert self.all_facts is not None, "the facts are read when a body check runs"
         return self.all_facts.filter(F.col("kind") == "batch_sends").select(*BATCH_SENDS_SCHEMA.names)
 
-    def upstream_ordering(self) -> DataFrame:
-        return upstream_skip_findings(self.part("skip")).unionByName(
-            upstream_stray_findings(self.part("stray"))
-        )
+    def upstream_ordering(self) -> DataFrame | None:
+        skips, strays = self.part("skip"), self.part("stray")
+        found = [upstream_skip_findings(skips)] if skips is not None else []
+        found += [upstream_stray_findings(strays)] if strays is not None else []
+        return functools.reduce(DataFrame.unionByName, found) if found else None
 
-    def client_view(self) -> DataFrame:
-        return client_view_findings(self.part("client"))
+    def client_view(self) -> DataFrame | None:
+        client = self.part("client")
+        return None if client is None else client_view_findings(client)
 
-    def latency(self) -> DataFrame:
+    def latency(self) -> DataFrame | None:
         o = self.options
+        slow = self.part("slow")
+        if slow is None:
+            return None
         by_api = self.audit.sparkSession.createDataFrame(
             [tuple(r[c] for c in ("api_key", "requests", "p50_ms", "p99_ms", "max_ms")) for r in self.by_api],
             _BY_API_SCHEMA,
         )
-        return slow_findings(slow_requests(self.part("slow"), by_api, o.slow_factor, o.slow_min_ms))
+        return slow_findings(slow_requests(slow, by_api, o.slow_factor, o.slow_min_ms))
 
-    def storms(self) -> DataFrame:
+    def storms(self) -> DataFrame | None:
         if self._lacks("error", "leader", "group"):  # the storms' and rebalances' only inputs
-            return self._nothing()
+            return None
         o = self.options
         windows = error_storms(self.facts, o.window_s, o.storm_threshold)
         groups = rebalances(self.facts, o.window_s, o.rebalance_threshold)
@@ -326,17 +327,25 @@ class _AuditRun:
             .unionByName(leader_change_findings(changes))
         )
 
-    def offsets(self) -> DataFrame:
+    def offsets(self) -> DataFrame | None:
         if any(self._lacks(kind) for kind in ("commit", "commit_ack", "fetched_offset")):  # inner joins
-            return self._nothing()
+            return None
         return offset_loss_findings(offset_losses(self.facts))
 
-    def produce(self) -> DataFrame:
+    def _has_facts(self, name: str) -> bool:
+        """Whether the facts table has rows of ``name`` (a fact, or ``batch_sends``) after
+        the pass's merge and sums; True when that is not known."""
+        return self.part_rows is None or bool(self.part_rows.get(f"facts:{name}"))
+
+    def produce(self) -> DataFrame | None:
         if self._lacks("produce_batch"):
-            return self._nothing()
-        return duplicate_findings(duplicates_of_sends(self.batch_sends)).unionByName(
-            sequence_findings(sequence_problems(attempts(self.facts)))
-        )
+            return None
+        found = []
+        if self._has_facts("batch_sends"):
+            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends)))
+        if self._has_facts("produce_batch"):  # batches with a producer id
+            found.append(sequence_findings(sequence_problems(attempts(self.facts))))
+        return functools.reduce(DataFrame.unionByName, found) if found else None
 
 
 TABLES = ("transactions", "facts", "anomalies")
@@ -394,16 +403,20 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
     )
     try:
         with progress.step("reading the capture"):
-            small, counts = _read_small(audit, facts)
+            small, counts, part_rows = _read_small(audit, facts)
             report["captures"] = _captures([r for r in small if r["part"] == "connection"])
             if facts is not None:
                 report["decode"] = _decoded(counts)
             by_api, by_window = merge_summaries(r.asDict() for r in small if r["part"] == "latency")
         with progress.step("running the checks"):
-            kinds = frozenset(k for k, n in report.get("decode", {}).get("facts", {}).items() if n)
-            run = _AuditRun(audit, facts, options, by_api, kinds)
-            findings = {check: getattr(run, check)() for check in chosen}
-            got = _collect(run.tables, _findings_tables(findings, options.window_s, options.max_findings))
+            decoded: dict[str, int] = report.get("decode", {}).get("facts", {})
+            kinds = frozenset(k for k, n in decoded.items() if n)
+            run = _AuditRun(audit, facts, options, by_api, kinds, part_rows)
+            planned = {check: getattr(run, check)() for check in chosen}
+            findings = {check: df for check, df in planned.items() if df is not None}
+            anomalies = sum(n for part, n in part_rows.items() if part not in _SMALL and ":" not in part)
+            inputs = anomalies + sum(decoded.values())
+            got = _collect(run.tables, findings, options, on_driver=inputs <= DRIVER_TALLY_ROWS)
             got.update({"latency.by_api": by_api, "latency.by_window": by_window})
         if options.tables:
             with progress.step("writing the tables"):

@@ -49,7 +49,7 @@ from ._load import (
     load_transactions,
     transactions_of,
 )
-from ._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
+from ._matching import INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
 from ._pass import (
     FACT_COLUMNS,
     FACTS_SCHEMA,
@@ -90,6 +90,7 @@ __all__ = [
     "Connections",
     "TransactionsDataSource",
     "answered_requests",
+    "answers_in_order",
     "assign",
     "audit_of",
     "audit_pass",

@@ -5,7 +5,10 @@ instead of one transaction row per request. Per partition, a few rows (``part``)
 - ``skip``, ``stray``, ``client``: checks 1 and 2, computed in the pass (:mod:`._anomalies`);
 - ``latency``: check 3's mergeable summaries (:mod:`._latency`), merged on the driver;
 - ``slow``: the answered requests slower than the slow-request floor, the only latency rows
-  a finding can come from.
+  a finding can come from;
+- ``sizes``: how many rows each of the other parts has in this partition (``counted``,
+  ``rows``), so that the driver knows which checks have input, and how much, without a
+  Spark aggregation.
 
 One schema for all of them (the union of their columns, null where a part has none): the
 rows are few, so width costs nothing, and one table is one read and one cache.
@@ -50,6 +53,7 @@ PARTS: dict[str, pa.Schema] = {
     "client": CLIENT_SCHEMA,
     "latency": SUMMARY_SCHEMA,
     "slow": LATENCY_SCHEMA,
+    "sizes": pa.schema([pa.field("counted", pa.string()), pa.field("rows", pa.int64())]),
 }
 """Each part's own columns, in the order its Spark reference gives them."""
 
@@ -97,4 +101,7 @@ def audit_pass(table: pa.Table, window_s: float, slow_min_ms: float) -> pa.Table
         "latency": summaries(lat, window_s),
         "slow": slow_candidates(lat, slow_min_ms),
     }
+    parts["sizes"] = pa.table(
+        {"counted": list(parts), "rows": [rows.num_rows for rows in parts.values()]}, schema=PARTS["sizes"]
+    )
     return pa.concat_tables([_as_part(rows, part) for part, rows in parts.items()])

@@ -81,9 +81,52 @@ def _ints(column: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
     return pc.fill_null(column, fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def _flags(column: pa.ChunkedArray | pa.Array, fill: bool) -> np.ndarray:
+    return pc.fill_null(column, fill).to_numpy(zero_copy_only=False)
+
+
+def _in_seq_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's connection as a number, its seq, and the order of the rows by both."""
+    conn_key = pc.binary_join_element_wise(table.column("capture_id"), table.column("connection_id"), "\x00")
+    conn_ids = pc.dictionary_encode(conn_key.combine_chunks()).indices.to_numpy().astype(np.int64)
+    seq = _ints(table.column("seq"))
+    return conn_ids, seq, np.lexsort((seq, conn_ids))
+
+
 def _pick(column: pa.ChunkedArray | pa.Array, index: np.ndarray, valid: np.ndarray) -> pa.Array:
     """``column[index]`` where ``valid``, else null."""
     return pc.take(column, pa.array(index, pa.int64(), mask=~valid))
+
+
+def answers_in_order(table: pa.Table) -> bool:
+    """Whether :func:`match` would find nothing out of order in ``table`` (its input): no
+    overtaken request and no stray answer. True when, per connection in seq order, request
+    ids never repeat (so no id is reused while in flight), and the answers' ids are exactly
+    the ids of the requests that expect one, in the same order, each after its request.
+    Cheaper than :func:`match` (one sort of the rows, no partners gathered), so the
+    upstream side of a proxy capture, where only what is out of order is kept, pays for
+    the full pairing only when something is."""
+    n = table.num_rows
+    if n == 0:
+        return True
+    conn_ids, _, order = _in_seq_order(table)
+    conn = conn_ids[order]
+    is_req = _flags(pc.equal(table.column("direction"), "request"), False)[order]
+    cid = _ints(table.column("cid"))[order]
+    expects = _flags(table.column("expects"), True)[order]
+    req_conn, req_cid = conn[is_req], cid[is_req]
+    same = req_conn[1:] == req_conn[:-1]
+    if (req_cid[1:][same] <= req_cid[:-1][same]).any():  # ids repeat or wrap: pair in full
+        return False
+    pos = np.arange(n, dtype=np.int64)
+    asks, answers = is_req & expects, ~is_req
+    if asks.sum() != answers.sum():
+        return False
+    return bool(
+        (conn[asks] == conn[answers]).all()
+        and (cid[asks] == cid[answers]).all()
+        and (pos[asks] < pos[answers]).all()
+    )
 
 
 def match(table: pa.Table) -> pa.Table:
@@ -92,10 +135,7 @@ def match(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return PAIRS_SCHEMA.empty_table()
     table = table.combine_chunks()
-    conn_key = pc.binary_join_element_wise(table.column("capture_id"), table.column("connection_id"), "\x00")
-    conn_ids = pc.dictionary_encode(conn_key.combine_chunks()).indices.to_numpy().astype(np.int64)
-    seq = _ints(table.column("seq"))
-    by_seq = np.lexsort((seq, conn_ids))
+    conn_ids, seq, by_seq = _in_seq_order(table)
     t = table.select(INPUT_COLUMNS).take(pa.array(by_seq)).combine_chunks()
     n = t.num_rows
     pos = np.arange(n, dtype=np.int64)

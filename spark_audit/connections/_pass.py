@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
-from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, match
+from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
 from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches
 
 KEY = ["capture_id", "connection_id"]
@@ -95,7 +95,10 @@ FACTS_SCHEMA = pa.schema(
 ``fact_count``: ``rows`` facts of kind ``fact`` decoded from the connection, before that
 merge; ``batch_sends`` (only when the pass is asked to sum them): the sends of batches
 without a producer id summed per batch (:data:`BATCH_SENDS_SCHEMA`), which then are not
-``fact`` rows."""
+``fact`` rows; ``sizes``: ``rows`` rows of kind ``fact`` of each ``fact`` per connection
+(after the merge), and, with the sums, of kind ``batch_sends`` per partition (``fact`` =
+``batch_sends``), so that the driver knows which checks have input without a Spark
+aggregation."""
 
 FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
 """The columns of a ``fact`` row of :data:`FACTS_SCHEMA` the checks read."""
@@ -137,8 +140,10 @@ def _side(table: pa.Table, side: str, id_column: str) -> pa.Table:
         frames = frames.filter(pc.equal(frames.column("source"), "proxy"))
     parts = [TRANSACTIONS_SCHEMA.empty_table()]
     for source in pc.unique(frames.column("source")).to_pylist():
-        one = frames.filter(pc.equal(frames.column("source"), source))
-        pairs = match(_match_input(one, id_column))
+        one = _match_input(frames.filter(pc.equal(frames.column("source"), source)), id_column)
+        if side == "upstream" and answers_in_order(one):  # the upstream check would read nothing
+            continue
+        pairs = match(one)
         if side == "upstream":  # only what the upstream check reads: overtaken sends, strays
             strays = pc.equal(pairs.column("direction"), "response")
             pairs = pairs.filter(pc.fill_null(pc.or_kleene(strays, pairs.column("skipped")), False))
@@ -310,6 +315,13 @@ def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
         plain = plain_batches(merged)
         parts.append(_conform(sum_sends(merged.filter(plain)), FACTS_SCHEMA, kind="batch_sends"))
         merged = merged.filter(pc.invert(plain))
+    kept = merged.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
+        [([], "count_all")]
+    )
+    parts.append(_conform(kept.rename_columns({"count_all": "rows"}), FACTS_SCHEMA, kind="sizes"))
+    if sum_plain_sends:  # summed per partition, as the batch_sends rows themselves
+        summed = pa.table({"fact": ["batch_sends"], "rows": pa.array([parts[-2].num_rows], pa.int64())})
+        parts.append(_conform(summed, FACTS_SCHEMA, kind="sizes"))
     return pa.concat_tables([_conform(merged, FACTS_SCHEMA, kind="fact"), *parts])
 
 

@@ -3,13 +3,15 @@ duplicate check exactly what the sends one by one give it."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pyarrow as pa
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from protocol import ApiKey
 from spark_audit.checks import attempts, duplicate_batches, duplicates_of_sends
-from spark_audit.connections import BATCH_SENDS_SCHEMA, FACT_COLUMNS, plain_batches, sum_sends
+from spark_audit.connections import BATCH_SENDS_SCHEMA, FACT_COLUMNS, facts_pass, plain_batches, sum_sends
 from spark_audit.decode import FACT_SCHEMA
 from tests.support.audit_builders import CAPTURE
 
@@ -62,3 +64,16 @@ def test_summed_sends_find_the_same_duplicates(spark, drawn):
     want = duplicate_batches(attempts(spark.createDataFrame(facts.select(FACT_COLUMNS)))).collect()
     got = duplicates_of_sends(spark.createDataFrame(summed)).collect()
     assert sorted(got) == sorted(want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(drawn=st.lists(send, max_size=40))
+def test_the_facts_pass_counts_the_rows_it_yields(drawn):
+    out = facts_pass(_facts(drawn).drop_columns(["acknowledged"]), sum_plain_sends=True).to_pylist()
+    sizes: Counter[str] = Counter()
+    for r in out:
+        if r["kind"] == "sizes":
+            sizes[r["fact"]] += r["rows"]
+    kept = Counter(r["fact"] for r in out if r["kind"] == "fact")
+    assert sizes == {**kept, "batch_sends": sum(1 for r in out if r["kind"] == "batch_sends")}
+    assert all(r["connection_id"] for r in out if r["kind"] == "sizes" and r["fact"] != "batch_sends")
