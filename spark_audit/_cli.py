@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from spark_audit._job import AuditOptions, run_audit
         from spark_audit._progress import Progress
-        from spark_audit._session import get_session
+        from spark_audit._session import get_session, moves_rows_through_jvm
         from spark_audit.report import exit_status, write_report
     except ImportError as exc:
         print(f"corrfix audit needs the audit extra: {INSTALL_HINT} ({exc})", file=sys.stderr)
@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         tables=args.tables,
     )
     try:
-        spark, started = get_session(args.master, conf)
+        quick = not moves_rows_through_jvm(options.path, options.via, options.tables)
+        spark, started = get_session(args.master, conf, quick_jvm=quick)
     except Exception as exc:  # pyspark raises its own errors when the JVM cannot start
         print(f"corrfix audit: Spark did not start ({exc}); {INSTALL_HINT}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ from spark_audit.connections import (
     FACT_COLUMNS,
     PAIRS_SCHEMA,
     PARTS,
-    load_audit,
+    load_audit_input,
     load_facts,
     load_transactions,
     merge_summaries,
@@ -184,7 +184,8 @@ than it has input rows, and below this a Spark ``groupBy`` and window cost more 
 
 def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row], dict[str, int]]:
     """The audit table's connection and latency rows, the facts' counts and the rows of each
-    part of the audit table, in one Spark action, which also fills both caches."""
+    part of the audit table, in one Spark action, which also fills the caches (none for a
+    small capture: :func:`spark_audit.connections.load_audit_input`)."""
     small = audit.filter(F.col("part").isin(*_SMALL))
     if facts is not None:
         counts = facts.filter(F.col("kind").isin("fact_count", "sizes")).select(
@@ -395,12 +396,12 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         "options": {k: v for k, v in asdict(options).items() if k != "path"},
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
     }
-    level = StorageLevel.MEMORY_AND_DISK
-    audit = load_audit(spark, options.path, options.via, options.window_s, options.slow_min_ms).persist(level)
     bodies = BODY_CHECKS.intersection(chosen)
-    facts = (
-        load_facts(spark, options.path, options.via, sum_plain_sends=True).persist(level) if bodies else None
+    audit, facts, cached = load_audit_input(
+        spark, options.path, options.via, options.window_s, options.slow_min_ms, with_facts=bool(bodies)
     )
+    for df in cached:
+        df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with progress.step("reading the capture"):
             small, counts, part_rows = _read_small(audit, facts)
@@ -422,9 +423,8 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
             with progress.step("writing the tables"):
                 write_tables(run, findings, options.tables)
     finally:
-        audit.unpersist()
-        if facts is not None:
-            facts.unpersist()
+        for df in cached:
+            df.unpersist()
     _fill(report, got)
     out = _Collector()
     out.add(chosen, got.get("counts", []), got)

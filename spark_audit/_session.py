@@ -3,8 +3,9 @@
 ``--master`` wins, then spark-submit's master, then local mode on every core. Local mode
 gets settings that suit small machines: no UI, few shuffle partitions, big Arrow batches to
 and from Python (fewer calls), uncompressed cached columns (less CPU), a loopback driver,
-quiet logs, and workers that run this very Python (they need pyarrow, kafka-python and
-these packages). Under spark-submit only the runtime ones apply, and never over its own.
+quiet logs, the JVM's quick compiler only (unless the audit moves a row per frame through
+the JVM), and workers that run this very Python (they need pyarrow, kafka-python and these
+packages). Under spark-submit only the runtime ones apply, and never over its own.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from spark_audit.source import register
+from spark_audit.source import Via, reachable_by_pyarrow, register
 
 DEFAULT_MASTER = "local[*]"
 LOCAL_CONF = {
@@ -26,6 +27,10 @@ LOCAL_CONF = {
     "spark.sql.inMemoryColumnarStorage.compressed": "false",  # cached reads live minutes: save the CPU
     "spark.log.level": "ERROR",  # the JVM's warnings would bury the progress line
 }
+QUICK_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+"""Local mode's JVM with its quick compiler only, when the audit moves few rows through it
+(the pass runs in Python): the session and a small audit's first plans start about a
+second sooner each (bench/README.md), and a row per frame through the JVM goes slower."""
 ALWAYS_CONF = {
     "spark.ui.showConsoleProgress": "false",  # the audit prints its own progress line
     "spark.sql.session.timeZone": "UTC",
@@ -37,8 +42,16 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def get_session(master: str | None = None, conf: dict[str, str] | None = None) -> tuple[SparkSession, bool]:
-    """The session to use, and whether this call started it (and so should stop it)."""
+def moves_rows_through_jvm(path: str, via: Via, tables: str | None) -> bool:
+    """Whether an audit hands the JVM a row per frame: the binaryFile fallback, or ``--tables``."""
+    return tables is not None or via == "binaryfile" or (via == "auto" and not reachable_by_pyarrow(path))
+
+
+def get_session(
+    master: str | None = None, conf: dict[str, str] | None = None, quick_jvm: bool = True
+) -> tuple[SparkSession, bool]:
+    """The session to use, and whether this call started it (and so should stop it).
+    ``quick_jvm``: a local session's JVM gets :data:`QUICK_JVM_CONF`."""
     active = SparkSession.getActiveSession()
     if active is not None:
         register(active)
@@ -53,6 +66,7 @@ def get_session(master: str | None = None, conf: dict[str, str] | None = None) -
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # as spark.driver.host, and no warning
             settings.update(LOCAL_CONF)
+            settings.update(QUICK_JVM_CONF if quick_jvm else {})
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -103,15 +103,50 @@ SCHEMAS = {"facts": FACTS_SCHEMA, "audit": AUDIT_SCHEMA, "transactions": TRANSAC
 _NO_OPTIONS: dict[str, Any] = {}
 
 
+def _whole_capture(path: str) -> Connections | None:
+    """Every connection of the capture as one partition; None when it has none."""
+    planned = assign(index_files(list_files(path), summary_index(path)), 1)
+    return Connections(planned[0].connections, planned[0].files) if planned else None
+
+
+def _driver_rows(part: Connections | None, table: str, options: dict[str, Any]) -> pa.Table:
+    """The pass over ``part`` here, as one table (the Data Source's ``read()`` on the driver)."""
+    schema = SCHEMAS[table]
+    if part is None:
+        return schema.empty_table()
+    return pa.Table.from_batches(list(read_connections(part, table, **options)), schema=schema)
+
+
 def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, Any]) -> DataFrame:
     """The same pass, run here on the whole capture as one partition: no Python worker."""
-    [planned] = assign(index_files(list_files(path), summary_index(path)), 1) or [None]
-    schema = SCHEMAS[table]
-    if planned is None:
-        return spark.createDataFrame(schema.empty_table())
-    part = Connections(planned.connections, planned.files)
-    rows = pa.Table.from_batches(list(read_connections(part, table, **options)), schema=schema)
+    rows = _driver_rows(_whole_capture(path), table, options)
     return spark.createDataFrame(rows.combine_chunks())  # PySpark 4.3 reads only a table's first chunk
+
+
+_TABLE = "_table"
+"""The column that tells the audit rows from the facts rows in the one local relation."""
+
+
+def _both_on_driver(
+    spark: SparkSession, path: str, audit_options: dict[str, Any], facts_options: dict[str, Any]
+) -> tuple[DataFrame, DataFrame]:
+    """The audit table and the facts, passed here as :func:`_on_driver` does from one plan
+    of the capture, handed to Spark as one local relation (one Arrow transfer) of which the
+    two tables are views."""
+    part = _whole_capture(path)
+    tables = []
+    for name, options in (("audit", audit_options), ("facts", facts_options)):
+        rows = _driver_rows(part, name, options)
+        nullable = pa.schema([field.with_nullable(True) for field in rows.schema])  # null in the other's rows
+        tables.append(
+            rows.cast(nullable).append_column(_TABLE, pa.array([name] * rows.num_rows, pa.string()))
+        )
+    both = pa.concat_tables(tables, promote_options="default").combine_chunks()
+    relation = spark.createDataFrame(both)  # PySpark 4.3 reads only a table's first chunk
+    audit, facts = (
+        relation.filter(F.col(_TABLE) == name).select(*SCHEMAS[name].names) for name in ("audit", "facts")
+    )
+    return audit, facts
 
 
 def _read(spark: SparkSession, path: str, table: str, options: dict[str, Any] = _NO_OPTIONS) -> DataFrame:
@@ -155,3 +190,25 @@ def load_audit(
     if _by_fallback(path, via):
         return audit_of(_rows(spark, path), window_s, slow_min_ms)
     return _read(spark, path, "audit", {"window_s": window_s, "slow_min_ms": slow_min_ms})
+
+
+def load_audit_input(
+    spark: SparkSession,
+    path: str,
+    via: Via = "auto",
+    window_s: float = DEFAULT_WINDOW_S,
+    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    with_facts: bool = True,
+) -> tuple[DataFrame, DataFrame | None, list[DataFrame]]:
+    """What the audit reads: the audit table (:func:`load_audit`), the facts with the plain
+    sends summed (:func:`load_facts`; None without ``with_facts``), and the DataFrames to
+    cache for both. A small local capture is one local relation holding both tables, and
+    nothing to cache: its rows are already in the driver's memory, and a cache would cost a
+    job to build."""
+    audit_options = {"window_s": window_s, "slow_min_ms": slow_min_ms}
+    on_driver = not _by_fallback(path, via) and _small(spark, path)
+    if on_driver and with_facts:
+        return (*_both_on_driver(spark, path, audit_options, {"sum_plain_sends": True}), [])
+    audit = load_audit(spark, path, via, window_s, slow_min_ms)
+    facts = load_facts(spark, path, via, sum_plain_sends=True) if with_facts else None
+    return audit, facts, [] if on_driver else [df for df in (audit, facts) if df is not None]
