@@ -2,12 +2,12 @@
 
 The relay's thread appends each row as one fixed-width record (the numbers: sequence,
 times, ids, lengths, where its frame copy ends) packed by one ``struct`` call, and the
-frame's bytes up to the snap length into one growing ``bytearray``: one copy per frame,
-no object per row. The few values only some rows have (addresses, repair event, reason,
-attempt, a re-send's id) go to a short side list. The writer thread swaps the buffers out
-under a lock held for that swap alone, and :func:`record_batch` turns them into an Arrow
-record batch with numpy and ``pa.Array.from_buffers``, without Python code per row, so it
-holds the GIL only briefly.
+frame's bytes up to the snap length into one buffer: one copy per frame, no object per
+row. The few values only some rows have (addresses, repair event, reason, attempt, a
+re-send's id, the row whose frame bytes a row shares) go to a short side list. The
+writer thread swaps the buffers out under a lock held for that swap alone, and
+:func:`record_batch` turns them into an Arrow record batch with numpy and
+``pa.Array.from_buffers``, without Python code per row, so it holds the GIL only briefly.
 
 Bounded: a row that would take the queue past ``max_rows`` rows, or ``max_bytes`` bytes
 (frame copies plus a fixed charge per row), is dropped and counted by kind, never waited
@@ -79,9 +79,9 @@ integers that are null are :data:`NULL`."""
 if _DTYPE.itemsize != _RECORD.size:
     raise ImportError("capture record layout and dtype disagree")
 
-Extra = tuple[str | None, str | None, str | None, str | None, int | None, int | None]
+Extra = tuple[str | None, str | None, str | None, str | None, int | None, int | None, int | None]
 """What only some rows have: (client_address, upstream_address, event, reason, attempt,
-new_upstream_correlation_id)."""
+new_upstream_correlation_id, frame_seq)."""
 _EXTRA_COLUMNS = (
     "client_address",
     "upstream_address",
@@ -89,6 +89,7 @@ _EXTRA_COLUMNS = (
     "reason",
     "attempt",
     "new_upstream_correlation_id",
+    "frame_seq",
 )
 
 
@@ -112,6 +113,17 @@ class RowChunk:
             if count:
                 found[_KIND_NAMES[shape]] += count
         return found
+
+    def shared_spans(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """First and last row of each pair of rows sharing frame bytes (None: no such pair).
+        The rows of one ``extend`` are consecutive, with consecutive ``seq``, and a pair is
+        always within one, so the other row is as far away in the chunk as in ``seq``."""
+        shared = [(extra[0], extra[7]) for extra in self.extras if extra[7] is not None]
+        if not shared:
+            return None
+        rows, holders = np.array(shared, np.int64).T
+        others = rows + holders - np.frombuffer(self.records, _DTYPE)["seq"][rows]
+        return np.minimum(rows, others), np.maximum(rows, others)
 
     def frame_bytes(self) -> np.ndarray:
         """Bytes of frame copy per row."""

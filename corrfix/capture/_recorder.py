@@ -33,6 +33,7 @@ from corrfix.capture._columns import (
     RowColumns,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
+from corrfix.capture.format import SHARED_HEAD, SHARED_MIN
 from corrfix.core import Event, Forwarded, Received, RepairEvent, RepairKind, Sent
 from protocol import ApiKey, ProtocolError, is_sasl_v0_handshake, parse_request_header, response_body_offset
 
@@ -52,7 +53,7 @@ _REQUEST_FIXED_HEADER = 12  # size, api key, api version, correlation id
 _RESPONSE_FIXED_HEADER = 8  # size, correlation id
 _REQUEST_HEAD = struct.Struct(">hhi")  # api key, api version, correlation id, after the size
 _RESPONSE_ID = struct.Struct(">i")  # correlation id, after the size
-_TOKEN: Extra = (None, None, None, SASL_TOKEN, None, None)  # the extra values of a SASL v0 token row
+_TOKEN: Extra = (None, None, None, SASL_TOKEN, None, None, None)  # the extra values of a SASL v0 token row
 _NO_SEND = (NULL, NULL, NULL)
 
 
@@ -101,6 +102,11 @@ class Recorder:
         self._rows: list[Row] = []
         self._frames: list[bytes | bytearray | memoryview | None] = []
         self._extras: list[tuple[int, Extra]] = []
+        # Frames received in this call whose bytes the frame sent for them may carry, by
+        # upstream id: (row index, stored bytes) of client requests, (seq, stored bytes) of
+        # upstream responses. Only frames of SHARED_MIN stored bytes or more.
+        self._requests_in: dict[int, tuple[int, bytes | memoryview]] = {}
+        self._answers_in: dict[int, tuple[int, bytes | memoryview]] = {}
 
     # -- ConnectionObserver ------------------------------------------------------------
 
@@ -108,7 +114,7 @@ class Recorder:
         conn = self._connections.get(connection)
         if conn is None:
             conn = self._connections[connection] = _Connection()
-        self._other(conn, OPEN, (client, upstream, None, None, None, None))
+        self._other(conn, OPEN, (client, upstream, None, None, None, None, None))
         self._release(connection)
 
     def events(self, connection: str, events: Sequence[Event]) -> None:
@@ -149,12 +155,16 @@ class Recorder:
                         self._client_response(conn, frame, wall, mono)
             elif kind is RepairEvent:
                 self._repair(conn, event)
+        if self._requests_in:
+            self._requests_in.clear()
+        if self._answers_in:
+            self._answers_in.clear()
         if self._rows:
             self._release(connection)
 
     def connection_closed(self, connection: str, reason: str) -> None:
         conn = self._connections.pop(connection, None) or _Connection()
-        self._other(conn, CLOSE, (None, None, None, reason, None, None))
+        self._other(conn, CLOSE, (None, None, None, reason, None, None, None))
         self._release(connection)
 
     def close_all(self, reason: str) -> None:
@@ -184,7 +194,10 @@ class Recorder:
         seq = conn.seq
         conn.seq = seq + 1
         self._extras.append(
-            (len(self._rows), (None, None, event.kind.value, event.reason or None, event.attempt, new_id))
+            (
+                len(self._rows),
+                (None, None, event.kind.value, event.reason or None, event.attempt, new_id, None),
+            )
         )
         self._rows.append(
             (
@@ -236,7 +249,10 @@ class Recorder:
         self._rows.append(
             (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, CLIENT_REQUEST)
         )
-        self._frames.append(frame if len(frame) <= limit else memoryview(frame)[:limit])
+        stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+        self._frames.append(stored)
+        if len(stored) >= SHARED_MIN and upstream_cid != NULL:
+            self._requests_in[upstream_cid] = (len(self._rows) - 1, stored)
         if api_key == _SASL_HANDSHAKE and is_sasl_v0_handshake(api_key, api_version):
             conn.sasl = conn.sasl or SaslTokens()
             conn.sasl.handshake_sent(frame)
@@ -261,7 +277,15 @@ class Recorder:
         self._rows.append(
             (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_REQUEST)
         )
-        self._frames.append(frame if length <= limit else memoryview(frame)[:limit])
+        stored = frame if length <= limit else memoryview(frame)[:limit]
+        self._frames.append(stored)
+        if self._requests_in:
+            received = self._requests_in.pop(upstream_cid, None)
+            if received is not None and _same_after_head(frame, received[1], len(stored)):
+                # The client's row keeps its head and names this row for the rest.
+                at = received[0]
+                self._frames[at] = memoryview(received[1])[:SHARED_HEAD]
+                self._extras.append((at, (None, None, None, None, None, None, seq)))
 
     def _upstream_response(self, conn: _Connection, frame: bytes, length: int, wall: int, mono: int) -> None:
         seq = conn.seq
@@ -283,7 +307,10 @@ class Recorder:
         self._rows.append(
             (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_RESPONSE)
         )
-        self._frames.append(frame if len(frame) <= limit else memoryview(frame)[:limit])
+        stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+        self._frames.append(stored)
+        if len(stored) >= SHARED_MIN and upstream_cid != NULL:
+            self._answers_in[upstream_cid] = (seq, stored)
 
     def _client_response(self, conn: _Connection, frame: bytearray, wall: int, mono: int) -> None:
         seq = conn.seq
@@ -303,7 +330,13 @@ class Recorder:
         self._rows.append(
             (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, CLIENT_RESPONSE)
         )
-        self._frames.append(frame if length <= limit else memoryview(frame)[:limit])
+        stored = frame if length <= limit else memoryview(frame)[:limit]
+        received = self._answers_in.pop(upstream_cid, None) if self._answers_in else None
+        if received is not None and _same_after_head(frame, received[1], len(stored)):
+            # This row keeps its head and names the upstream response's row for the rest.
+            self._extras.append((len(self._rows) - 1, (None, None, None, None, None, None, received[0])))
+            stored = memoryview(frame)[:SHARED_HEAD]
+        self._frames.append(stored)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -327,6 +360,13 @@ class Recorder:
         rows, frames, extras = self._rows, self._frames, self._extras
         self._rows, self._frames, self._extras = [], [], []
         self._columns.extend(connection, rows, frames, extras)
+
+
+def _same_after_head(sent: bytes | bytearray, received: bytes | memoryview, stored: int) -> bool:
+    """Whether the stored bytes of a frame sent and of the frame received for it agree
+    after :data:`SHARED_HEAD` (they differ in the correlation id, and in nothing else
+    unless corrfix rewrote the frame)."""
+    return len(received) == stored and sent.startswith(memoryview(received)[SHARED_HEAD:], SHARED_HEAD)
 
 
 def _request_header_end(frame: bytes | bytearray) -> int:

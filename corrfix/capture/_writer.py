@@ -224,12 +224,15 @@ class CaptureWriter:
             self._queue.count_lost(chunk.kinds())
             return
         sizes = chunk.frame_bytes() if len(chunk.frames) > BATCH_BYTES else None
+        spans = chunk.shared_spans()
         start = 0
         while start < chunk.rows:
             stop = min(chunk.rows, start + BATCH_ROWS)
             if sizes is not None:  # at most BATCH_BYTES of frames per batch, and one row at least
                 within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
                 stop = start + max(1, within)
+            if spans is not None:
+                stop = keep_together(start, stop, *spans)
             try:
                 part = batch.slice(start, stop - start)
                 self._files.write(part)
@@ -274,3 +277,23 @@ class CaptureWriter:
         if now >= self._error_logged:
             self._error_logged = now + WARNING_INTERVAL
             log.error("capture write failed, rows lost", error=str(exc), directory=str(self.directory))
+
+
+def keep_together(start: int, stop: int, first: np.ndarray, last: np.ndarray) -> int:
+    """Where a batch starting at ``start`` ends, moved off every span of rows that must
+    stay in one batch (rows sharing frame bytes): back to before the span, or, when that
+    would leave the batch empty, on past it."""
+    end = stop
+    while True:
+        inside = (first < end) & (end <= last)
+        if not inside.any():
+            return end
+        end = int(first[inside].min())
+        if end <= start:
+            break
+    end = stop
+    while True:
+        inside = (first < end) & (end <= last)
+        if not inside.any():
+            return end
+        end = int(last[inside].max()) + 1

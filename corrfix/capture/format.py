@@ -17,10 +17,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: a frame row may keep only the head of its frame and name the row holding the rest
+(``frame_seq``). Version 1 files have no such rows and are read as they are."""
 VERSION_KEY = b"corrfix.capture.schema_version"
 SOURCE_KEY = b"corrfix.capture.source"
 CAPTURE_ID_KEY = b"corrfix.capture.id"
@@ -78,11 +82,23 @@ CAPTURE_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("attempt", pa.int32()),
         pa.field("new_upstream_correlation_id", pa.int32()),
+        pa.field("frame_seq", pa.int64()),
     ],
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 """Columns, in order. ``frame`` holds the frame bytes including the 4-byte size prefix,
-truncated to the snap length; ``frame_length`` is the original length."""
+truncated to the snap length; ``frame_length`` is the original length. Where ``frame_seq``
+is set, ``frame`` is only the first :data:`SHARED_HEAD` bytes and the rest are those of the
+row ``frame_seq`` of the same connection, which is in the same record batch
+(:func:`with_shared_frames` joins them)."""
+
+SHARED_HEAD = 512
+"""Bytes a client-side frame row keeps of its own frame when the upstream row of the same
+frame holds the rest: its header, with the client's correlation id, and the start of the
+body (a Produce request's acks)."""
+SHARED_MIN = 1024
+"""Frames are shared only from this many stored bytes on: below it a reference saves less
+than it costs."""
 
 
 def schema_for(capture_id: str, source: Source) -> pa.Schema:
@@ -125,13 +141,70 @@ def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 def read_capture(path: Path) -> pa.Table:
-    """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`.
+    """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`, every
+    frame whole (:func:`with_shared_frames`).
 
-    Columns a newer writer added at the end (same schema version) are left out."""
-    batches = [batch.select(CAPTURE_SCHEMA.names) for batch in iter_batches(path)]
+    Columns a newer writer added at the end (same schema version) are left out, and
+    columns an older version did not have are null."""
+    batches = [_conform(batch) for batch in iter_batches(path)]
     if not batches:
         return CAPTURE_SCHEMA.empty_table()
-    return pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA)
+    return with_shared_frames(pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA))
+
+
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    names = batch.schema.names
+    columns = [
+        batch.column(name) if name in names else pa.nulls(batch.num_rows, field.type)
+        for name, field in zip(CAPTURE_SCHEMA.names, CAPTURE_SCHEMA, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=CAPTURE_SCHEMA)
+
+
+def with_shared_frames(table: pa.Table) -> pa.Table:
+    """``table`` with the frame of every row that shares another row's bytes made whole:
+    its own head, then the named row's bytes after it. A row whose named row is not in the
+    table (lost, or filtered out) keeps its head alone, like a frame cut by the snap length."""
+    if "frame_seq" not in table.column_names or "frame" not in table.column_names:
+        return table
+    shared = pc.is_valid(table.column("frame_seq"))
+    if not pc.any(shared).as_py():
+        return table
+    n = table.num_rows
+    row = pa.array(np.arange(n, dtype=np.int64))
+    key = ["capture_id", "connection_id", "seq"]
+    wanted = (
+        table.select(["capture_id", "connection_id", "frame_seq"])
+        .append_column("_row", row)
+        .filter(shared)
+        .rename_columns([*key, "_row"])
+    )
+    holders = table.select(key).append_column("_holder", row)
+    joined = wanted.join(holders, key, join_type="left outer").sort_by("_row")
+    rows = joined.column("_row").to_numpy()
+    frame = table.column("frame")
+    heads = frame.take(pa.array(rows))
+    holder = joined.column("_holder")
+    rest = pc.binary_slice(frame.take(pc.fill_null(holder, 0)), SHARED_HEAD, MAX_FRAME)
+    whole = pc.if_else(pc.is_valid(holder), pc.binary_join_element_wise(heads, rest, b""), heads)
+    mask = np.zeros(n, np.bool_)
+    mask[rows] = True
+    chunks, start, done = [], 0, 0
+    for chunk in frame.chunks:  # chunk by chunk: one chunk of a large capture could overflow
+        stop = start + len(chunk)
+        count = int(np.count_nonzero(mask[start:stop]))
+        if count:
+            part = whole.slice(done, count).combine_chunks()
+            chunk = pc.replace_with_mask(chunk, pa.array(mask[start:stop]), part)
+            done += count
+        chunks.append(chunk)
+        start = stop
+    merged = pa.chunked_array(chunks, frame.type)
+    return table.set_column(table.schema.get_field_index("frame"), table.schema.field("frame"), merged)
+
+
+MAX_FRAME = (1 << 31) - 1
+"""Larger than any frame's stored bytes (Arrow ``binary`` has 32-bit offsets)."""
 
 
 def _check_schema(file: Path, schema: pa.Schema) -> None:
