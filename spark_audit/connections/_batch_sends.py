@@ -75,20 +75,29 @@ def _codes(column: pa.Array) -> np.ndarray:
 
 def _lineages(t: pa.Table, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The number of distinct lineages in each group of ``t`` (sorted by group; ``new``
-    marks each group's first row, at ``starts``). A send without lineage is one of its own."""
-    group = np.cumsum(new)
-    lineage = t.column("lineage_id").chunk(0)
+    marks each group's first row, at ``starts``). A send without lineage is one of its own.
+    Only groups of more than one send are sorted: most batches are sent once."""
+    sizes = np.diff(np.append(starts, t.num_rows))
+    out = np.ones(len(starts), np.int64)
+    if not (sizes > 1).any():
+        return out
+    group = np.cumsum(new) - 1
+    rows = np.flatnonzero(sizes[group] > 1)
+    sub = t.select(list(LINEAGE))
+    if len(rows) < t.num_rows:
+        sub = sub.take(pa.array(rows)).combine_chunks()
+    lineage = sub.column("lineage_id").chunk(0)
     alone = lineage.is_null().to_numpy(zero_copy_only=False)
-    keys = [pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64)]
-    keys += [_codes(t.column(name).chunk(0)) for name in LINEAGE[:-1]]
-    order = np.lexsort((*keys, group))  # groups stay where they were: group is the first key
-    same = np.ones(len(order), dtype=bool)
-    same[0] = False
-    for key in (group, *keys):
-        k = key[order]
-        same[1:] &= k[1:] == k[:-1]
-    first = ~same | alone[order]
-    return np.add.reduceat(first.astype(np.int64), starts)
+    ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
+    captures, connections = (_codes(sub.column(name).chunk(0)) for name in LINEAGE[:-1])
+    key = (captures * (int(connections.max()) + 2) + connections) << 32 | ids  # one int per lineage
+    mine = group[rows]
+    order = np.lexsort((key, mine))
+    key, mine_sorted = key[order], mine[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (key[1:] != key[:-1]) | (mine_sorted[1:] != mine_sorted[:-1])
+    counts = np.bincount(mine_sorted[first | alone[order]], minlength=len(starts))
+    return np.where(sizes > 1, counts, out)
 
 
 def sum_sends(sends: pa.Table) -> pa.Table:
@@ -96,6 +105,7 @@ def sum_sends(sends: pa.Table) -> pa.Table:
     n = sends.num_rows
     if n == 0:
         return BATCH_SENDS_SCHEMA.empty_table()
+    sends = sends.select([*BATCH, *FIRST, "lineage_id", "acknowledged"])  # only these are moved
     keys = [(name, "ascending", "at_start") for name in (*BATCH, *FIRST)]
     order = pc.sort_indices(sends, sort_keys=keys)
     t = sends.take(order).combine_chunks()

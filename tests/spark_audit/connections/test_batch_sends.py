@@ -33,7 +33,6 @@ send = st.fixed_dictionaries(
         "batch_length": st.sampled_from([61, 62]),
         "lineage_id": st.sampled_from([None, None, 0, 1]),
         "acknowledged": st.sampled_from([None, True, False]),
-        "partition_of_the_audit": st.integers(0, 2),
     }
 )
 
@@ -42,7 +41,7 @@ def _facts(drawn: list[dict]) -> pa.Table:
     rows = []
     for seq, d in enumerate(drawn):
         row = dict.fromkeys(FACTS.names)
-        row.update({k: v for k, v in d.items() if k != "partition_of_the_audit"})
+        row.update(d)
         row.update(capture_id=CAPTURE, seq=seq, direction="request", api_key=ApiKey.PRODUCE, api_version=9)
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=FACTS)
@@ -54,12 +53,13 @@ def _facts(drawn: list[dict]) -> pa.Table:
     suppress_health_check=list(HealthCheck),
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking through Spark takes minutes
 )
-@given(drawn=st.lists(send, max_size=40))
-def test_summed_sends_find_the_same_duplicates(spark, drawn):
+@given(drawn=st.lists(send, max_size=40), homes=st.lists(st.integers(0, 2), min_size=3, max_size=3))
+def test_summed_sends_find_the_same_duplicates(spark, drawn, homes):
     facts = _facts(drawn)
     parts = []
     for k in range(3):
-        mine = facts.filter(pa.array([d["partition_of_the_audit"] == k for d in drawn], pa.bool_()))
+        home = {c: homes[i] for i, c in enumerate("abc")}  # connections are whole in a partition
+        mine = facts.filter(pa.array([home[d["connection_id"]] == k for d in drawn], pa.bool_()))
         parts.append(sum_sends(mine.filter(plain_batches(mine))))
     summed = pa.concat_tables(parts)
     assert summed.schema == BATCH_SENDS_SCHEMA
@@ -67,6 +67,26 @@ def test_summed_sends_find_the_same_duplicates(spark, drawn):
     want = duplicate_batches(attempts(spark.createDataFrame(facts.select(FACT_COLUMNS)))).collect()
     got = duplicates_of_sends(spark.createDataFrame(summed)).collect()
     assert sorted(got) == sorted(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(drawn=st.lists(send, max_size=40), homes=st.lists(st.integers(0, 2), min_size=3, max_size=3))
+def test_lineages_summed_over_partitions_are_each_batchs_distinct_lineages(drawn, homes):
+    facts = _facts(drawn)
+    plain = plain_batches(facts).to_pylist()
+    key = ("topic", "partition", "crc", "record_count", "first_timestamp", "batch_length")
+    want: dict[tuple, set] = {}
+    for i, d in enumerate(drawn):
+        if plain[i]:
+            lineage = ("send", i) if d["lineage_id"] is None else (d["connection_id"], d["lineage_id"])
+            want.setdefault(tuple(d[k] for k in key), set()).add(lineage)
+    got: Counter[tuple] = Counter()
+    for part in range(3):
+        home = [homes["abc".index(d["connection_id"])] == part for d in drawn]
+        mine = facts.filter(pa.array(home, pa.bool_()))
+        for r in sum_sends(mine.filter(plain_batches(mine))).to_pylist():
+            got[tuple(r[k] for k in key)] += r["lineages"]
+    assert got == {batch: len(lineages) for batch, lineages in want.items()}
 
 
 @settings(max_examples=100, deadline=None)
