@@ -60,8 +60,12 @@ from spark_audit.report import (
 from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
-REPORT_VERSION = 2
-"""2: ``latency`` always present; ``storms.windows`` and ``storms.rebalances`` rows carry
+REPORT_VERSION = 3
+"""3: a batch without a producer id is identified by topic, partition, CRC, record count,
+first timestamp and batch length (not by the CRC alone), and duplicate findings carry
+``first_timestamp``, ``batch_length`` and ``corrfix_resends``.
+
+2: ``latency`` always present; ``storms.windows`` and ``storms.rebalances`` rows carry
 ``capture_ids``, and storm findings the ``capture_id`` when one capture; an error storm of
 the rebalance category is ``rebalance_error_storm``; ``possible_duplicate`` needs two sends
 acknowledged or unanswered; ``unanswered_at_close`` is info when the close row names lost

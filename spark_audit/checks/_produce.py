@@ -1,12 +1,18 @@
 """Check 6, duplicate produce, from the record batches the broker was sent.
 
-- Without a producer id, the broker cannot tell a re-sent batch from a new one. A batch
-  (same topic, partition and CRC) sent in two or more Produce requests is
-  ``appended_twice`` when two or more of them were acknowledged (error 0), and
-  ``possible_duplicate`` when fewer were but the acknowledged and the unanswered sends
-  together are two or more (an answer was not captured, for example lost on the way back:
-  the broker may still have appended it). A send answered with an error was not
-  appended, so it counts for neither.
+- Without a producer id, the broker cannot tell a re-sent batch from a new one. A batch is
+  identified by topic, partition, CRC, record count, first timestamp and length
+  (:data:`BATCH`): a re-send, corrfix's or the client's own, keeps the batch's bytes, so
+  its copies agree on all of them, while two different batches that share a CRC by chance
+  almost never do. A batch sent in two or more Produce requests is ``appended_twice`` when
+  two or more of them were acknowledged (error 0), and ``possible_duplicate`` when fewer
+  were but the acknowledged and the unanswered sends together are two or more (an answer
+  was not captured, for example lost on the way back: the broker may still have appended
+  it). A send answered with an error was not appended, so it counts for neither.
+  ``corrfix_resends`` says how many of the sends were corrfix's re-sends: sends of one
+  lineage (same capture, connection and ``lineage_id``, the client correlation id that an
+  upstream request and its re-sends share); the others are separate requests, such as a
+  client's own retry.
 - With a producer id, the broker de-duplicates by sequence. Per producer id, epoch and
   partition, each batch's base sequence should follow the previous batch's last one
   (wrapping at 2^31): ``sequence_gap`` when it jumps ahead, ``sequence_reused`` when a
@@ -22,7 +28,8 @@ from pyspark.sql import functions as F
 from protocol import ApiKey
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
-_BATCH = ["topic", "partition", "crc"]
+BATCH = ["topic", "partition", "crc", "record_count", "first_timestamp", "batch_length"]
+"""What identifies a batch without a producer id."""
 _FIRST = ["wall_ns", "capture_id", "connection_id", "correlation_id"]
 """A batch's first send: the least of these, in this order."""
 SEQUENCE_WRAP = 1 << 31
@@ -45,55 +52,69 @@ def attempts(facts: DataFrame) -> DataFrame:
         "producer_epoch",
         "base_sequence",
         "record_count",
+        "first_timestamp",
+        "batch_length",
+        "lineage_id",
         "transactional_id",
         "acknowledged",
     )
 
 
 def batch_sends(tries: DataFrame) -> DataFrame:
-    """Each send of a batch without a producer id as a group of one send: the shape
+    """The sends of batches without a producer id, summed per batch and lineage: the shape
     (:data:`spark_audit.connections.BATCH_SENDS_SCHEMA`) in which the per-connection pass
-    hands over its partition's sends already summed per batch."""
+    hands over its partition's sends already summed per batch. A send without lineage is a
+    lineage of its own."""
     plain = tries.filter(
         F.col("crc").isNotNull() & (F.col("producer_id") < 0) & F.col("transactional_id").isNull()
     )
-    return plain.select(
-        *_BATCH,
-        *_FIRST,
-        F.lit(1).cast("long").alias("sends"),
-        F.when(F.col("acknowledged"), 1).otherwise(0).cast("long").alias("acknowledged_sends"),
-        F.when(F.col("acknowledged").isNull(), 1).otherwise(0).cast("long").alias("unanswered_sends"),
-        F.col("wall_ns").alias("last_wall_ns"),
-        "record_count",
+    alone = F.concat(F.lit("send "), F.monotonically_increasing_id().cast("string"))
+    lineage = F.coalesce(F.col("lineage_id").cast("string"), alone)
+    per_lineage = plain.groupBy(*BATCH, "capture_id", "connection_id", lineage.alias("lineage")).agg(
+        F.count("*").alias("sends"),
+        F.sum(F.when(F.col("acknowledged"), 1).otherwise(0)).alias("acknowledged_sends"),
+        F.sum(F.when(F.col("acknowledged").isNull(), 1).otherwise(0)).alias("unanswered_sends"),
+        F.min(F.struct(*_FIRST)).alias("first"),
+        F.max("wall_ns").alias("last_wall_ns"),
+    )
+    return per_lineage.select(
+        *BATCH,
+        *[F.col(f"first.{name}").alias(name) for name in _FIRST],
+        F.col("sends").cast("long").alias("sends"),
+        F.col("acknowledged_sends").cast("long").alias("acknowledged_sends"),
+        F.col("unanswered_sends").cast("long").alias("unanswered_sends"),
+        "last_wall_ns",
+        F.lit(1).cast("long").alias("lineages"),
     )
 
 
 def duplicate_batches(tries: DataFrame) -> DataFrame:
     """Batches without a producer id sent more than once: ``kind`` appended_twice or
-    possible_duplicate, ``sends``, ``acknowledged`` (count), first and last send."""
+    possible_duplicate, ``sends``, ``acknowledged`` and ``unanswered`` (counts),
+    ``corrfix_resends``, first and last send."""
     return duplicates_of_sends(batch_sends(tries))
 
 
 def duplicates_of_sends(sends: DataFrame) -> DataFrame:
     """:func:`duplicate_batches` from :func:`batch_sends` rows, or from partial sums of them."""
-    grouped = sends.groupBy(*_BATCH).agg(
+    grouped = sends.groupBy(*BATCH).agg(
         F.sum("sends").alias("sends"),
         F.sum("acknowledged_sends").alias("acknowledged"),
         F.sum("unanswered_sends").alias("unanswered"),
+        F.sum("lineages").alias("lineages"),
         F.min(F.struct(*_FIRST)).alias("first"),
         F.max("last_wall_ns").alias("last_wall_ns"),
-        F.max("record_count").alias("record_count"),
     )
     resent = grouped.filter((F.col("sends") > 1) & (F.col("acknowledged") + F.col("unanswered") >= 2))
     return resent.select(
         F.col("first.capture_id").alias("capture_id"),
         F.col("first.connection_id").alias("connection_id"),
         F.col("first.wall_ns").alias("wall_ns"),
-        *_BATCH,
-        "record_count",
+        *BATCH,
         "sends",
         "acknowledged",
         "unanswered",
+        (F.col("sends") - F.col("lineages")).alias("corrfix_resends"),
         "last_wall_ns",
         F.when(F.col("acknowledged") >= 2, "appended_twice").otherwise("possible_duplicate").alias("kind"),
     )

@@ -1,11 +1,19 @@
 """The sends of batches without a producer id, summed per batch in each partition: a
 Produce-heavy capture has one such fact per batch sent, and the duplicate check only counts
-them per (topic, partition, CRC), so the JVM gets one row per batch and partition instead.
+them per batch, so the JVM gets one row per batch and partition instead.
+
+A batch is identified by :data:`BATCH`: topic, partition, CRC, record count, first
+timestamp and length. The CRC alone is 32 bits, and chance collisions between different
+batches of one partition become likely at tens of thousands of batches; a resend keeps the
+batch's bytes, so its copies agree on every field of the key, while a chance collision
+almost never does. ``lineages`` counts the send lineages among a batch's sends (a request
+and corrfix's re-sends of it are one lineage: same capture, connection and ``lineage_id``;
+a send without lineage is its own), so that ``sends - lineages`` is the re-sends corrfix
+made. Connections are whole in a partition, so lineages sum exactly across partitions.
 
 The sums are exactly the partial aggregates of ``spark_audit.checks.duplicates_of_sends``:
-sends, acknowledged and unanswered sends, the first send (least wall time, capture,
-connection, correlation id, nulls first) and the last send's time and the largest record
-count.
+sends, acknowledged and unanswered sends, lineages, the first send (least wall time,
+capture, connection, correlation id, nulls first) and the last send's time.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import pyarrow.compute as pc
 from protocol import ApiKey
 from spark_audit.decode import FACT_SCHEMA
 
-BATCH = ("topic", "partition", "crc")
+BATCH = ("topic", "partition", "crc", "record_count", "first_timestamp", "batch_length")
 FIRST = ("wall_ns", "capture_id", "connection_id", "correlation_id")
+LINEAGE = ("capture_id", "connection_id", "lineage_id")
 BATCH_SENDS_SCHEMA = pa.schema(
     [
         *[FACT_SCHEMA.field(name).with_nullable(True) for name in (*BATCH, *FIRST)],
@@ -26,10 +35,10 @@ BATCH_SENDS_SCHEMA = pa.schema(
         pa.field("acknowledged_sends", pa.int64()),
         pa.field("unanswered_sends", pa.int64()),
         pa.field("last_wall_ns", pa.int64()),
-        FACT_SCHEMA.field("record_count").with_nullable(True),
+        pa.field("lineages", pa.int64()),
     ]
 )
-"""Per batch (topic, partition, CRC): the first send's columns, then the sums."""
+"""Per batch (:data:`BATCH`): the first send's columns, then the sums."""
 
 
 def plain_batches(facts: pa.Table) -> pa.Array:
@@ -58,11 +67,45 @@ def _reduce(column: pa.Array, starts: np.ndarray, ufunc: np.ufunc, fill: int) ->
     return pa.array(ufunc.reduceat(values, starts), pa.int64(), mask=valid == 0)
 
 
+def _codes(column: pa.Array) -> np.ndarray:
+    """Each value as an integer that is equal exactly where the values are (nulls: -1)."""
+    encoded = column.dictionary_encode()
+    return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _lineages(t: pa.Table, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The number of distinct lineages in each group of ``t`` (sorted by group; ``new``
+    marks each group's first row, at ``starts``). A send without lineage is one of its own.
+    Only groups of more than one send are sorted: most batches are sent once."""
+    sizes = np.diff(np.append(starts, t.num_rows))
+    out = np.ones(len(starts), np.int64)
+    if not (sizes > 1).any():
+        return out
+    group = np.cumsum(new) - 1
+    rows = np.flatnonzero(sizes[group] > 1)
+    sub = t.select(list(LINEAGE))
+    if len(rows) < t.num_rows:
+        sub = sub.take(pa.array(rows)).combine_chunks()
+    lineage = sub.column("lineage_id").chunk(0)
+    alone = lineage.is_null().to_numpy(zero_copy_only=False)
+    ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
+    captures, connections = (_codes(sub.column(name).chunk(0)) for name in LINEAGE[:-1])
+    key = (captures * (int(connections.max()) + 2) + connections) << 32 | ids  # one int per lineage
+    mine = group[rows]
+    order = np.lexsort((key, mine))
+    key, mine_sorted = key[order], mine[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (key[1:] != key[:-1]) | (mine_sorted[1:] != mine_sorted[:-1])
+    counts = np.bincount(mine_sorted[first | alone[order]], minlength=len(starts))
+    return np.where(sizes > 1, counts, out)
+
+
 def sum_sends(sends: pa.Table) -> pa.Table:
     """:data:`BATCH_SENDS_SCHEMA` rows of ``sends`` (rows of :func:`plain_batches`)."""
     n = sends.num_rows
     if n == 0:
         return BATCH_SENDS_SCHEMA.empty_table()
+    sends = sends.select([*BATCH, *FIRST, "lineage_id", "acknowledged"])  # only these are moved
     keys = [(name, "ascending", "at_start") for name in (*BATCH, *FIRST)]
     order = pc.sort_indices(sends, sort_keys=keys)
     t = sends.take(order).combine_chunks()
@@ -82,6 +125,6 @@ def sum_sends(sends: pa.Table) -> pa.Table:
         acknowledged_sends=pa.array(np.add.reduceat(acked, starts), pa.int64()),
         unanswered_sends=pa.array(np.add.reduceat(unanswered, starts), pa.int64()),
         last_wall_ns=_reduce(t.column("wall_ns").chunk(0), starts, np.maximum, low),
-        record_count=_reduce(t.column("record_count").chunk(0), starts, np.maximum, low),
+        lineages=pa.array(_lineages(t, new, starts), pa.int64()),
     )
     return pa.table([columns[f.name].cast(f.type) for f in BATCH_SENDS_SCHEMA], schema=BATCH_SENDS_SCHEMA)

@@ -328,7 +328,8 @@ def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
 def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
     """The rows (of ``among``, a mask, if given) whose bodies some check decodes: frames of
     :data:`DECODED_KEYS` as the broker saw them (upstream in proxy captures, client in wire
-    captures), with ``correlation_id`` of that side, ``frame`` and ``frame_length``. Only
+    captures), with ``correlation_id`` of that side, the ``lineage_id`` of upstream requests
+    (the client id they carry, :data:`FACT_SCHEMA`), ``frame`` and ``frame_length``. Only
     those rows' frames are copied."""
     side = table.column("side")
     broker = pc.if_else(
@@ -348,6 +349,12 @@ def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = N
         frames.column("upstream_correlation_id"),
         frames.column("client_correlation_id"),
     )
+    upstream_request = pc.and_(
+        pc.equal(frames.column("side"), "upstream"), pc.equal(frames.column("direction"), "request")
+    )
+    lineage = pc.if_else(
+        upstream_request, frames.column("client_correlation_id"), pa.scalar(None, pa.int32())
+    )
     length = frames.column("frame_length") if "frame_length" in frames.column_names else None
     places = ["capture_id", "connection_id", "seq", "wall_ns", "direction", "api_key", "api_version"]
     lengths = length if length is not None else pc.cast(pc.binary_length(frames.column("frame")), pa.int32())
@@ -356,6 +363,7 @@ def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = N
         {
             **columns,
             "correlation_id": correlation_id,
+            "lineage_id": pc.cast(lineage, pa.int32()),
             "frame": frames.column("frame"),
             "frame_length": lengths,
         }

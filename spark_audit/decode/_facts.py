@@ -47,6 +47,9 @@ FACT_SCHEMA = pa.schema(
         pa.field("base_sequence", pa.int32()),
         pa.field("record_count", pa.int32()),
         pa.field("crc", pa.int64()),
+        pa.field("first_timestamp", pa.int64()),
+        pa.field("batch_length", pa.int32()),
+        pa.field("lineage_id", pa.int32()),
         pa.field("acks", pa.int16()),
         pa.field("transactional_id", pa.string()),
         pa.field("note", pa.string()),
@@ -54,7 +57,11 @@ FACT_SCHEMA = pa.schema(
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
 commit_ack, fetched_offset, group, generation, error, undecodable; each sets the columns
-that apply to it (see :mod:`._frame_decode`)."""
+that apply to it (see :mod:`._frame_decode`). A ``produce_batch`` carries its v2 batch
+header's ``first_timestamp`` and ``batch_length`` (the header's length field), which with
+topic, partition, CRC and record count identify a batch without a producer id, and
+``lineage_id``: on a proxy capture's upstream request, the client correlation id it
+carries, which corrfix's re-sends of it share (null on wire captures: no lineage)."""
 
 FACT_SPARK_SCHEMA = from_arrow_schema(FACT_SCHEMA)
 INPUT_COLUMNS = (
@@ -75,7 +82,7 @@ INPUT_COLUMNS = (
 )
 """The capture columns :func:`decode_facts` reads."""
 _FRAME_PLACE = ["capture_id", "connection_id", "seq", "wall_ns", "direction", "api_key", "api_version"]
-_PLACE = [*_FRAME_PLACE, "correlation_id"]
+_PLACE = [*_FRAME_PLACE, "correlation_id", "lineage_id"]
 
 
 def broker_side() -> Column:
@@ -86,14 +93,21 @@ def broker_side() -> Column:
 
 
 def broker_frames(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) -> DataFrame:
-    """Broker-side frames of ``api_keys`` with a ``correlation_id`` of that side."""
-    cid = F.when(F.col("side") == "upstream", F.col("upstream_correlation_id")).otherwise(
-        F.col("client_correlation_id")
-    )
+    """Broker-side frames of ``api_keys`` with a ``correlation_id`` of that side and the
+    ``lineage_id`` of upstream requests (:data:`FACT_SCHEMA`)."""
+    upstream = F.col("side") == "upstream"
+    cid = F.when(upstream, F.col("upstream_correlation_id")).otherwise(F.col("client_correlation_id"))
+    lineage = F.when(upstream & (F.col("direction") == "request"), F.col("client_correlation_id"))
     chosen = frames.filter(
         (F.col("kind") == "frame") & broker_side() & F.col("api_key").isin(*sorted(api_keys))
     )
-    return chosen.select(*_FRAME_PLACE, cid.alias("correlation_id"), "frame", "frame_length")
+    return chosen.select(
+        *_FRAME_PLACE,
+        cid.alias("correlation_id"),
+        lineage.cast("int").alias("lineage_id"),
+        "frame",
+        "frame_length",
+    )
 
 
 def _fact_batch(place: pa.RecordBatch, fact: str, columns: dict[str, pa.Array]) -> pa.RecordBatch:
@@ -144,6 +158,8 @@ def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarr
 def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Facts of every frame in ``batches`` (the mapInArrow function of :func:`decode_facts`)."""
     for batch in batches:
+        if "lineage_id" not in batch.schema.names:  # frames of a capture side without lineage
+            batch = batch.append_column("lineage_id", pa.nulls(batch.num_rows, pa.int32()))
         vectorised, taken = _vector_facts(batch)
         yield from vectorised
         rest = batch.filter(pa.array(~taken)) if taken.any() else batch

@@ -18,6 +18,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
 from protocol import (
+    RECORD_BATCH_LOG_OVERHEAD,
     ApiKey,
     ProtocolError,
     parse_request_header,
@@ -160,6 +161,8 @@ def _produce_batches(body: Any) -> Iterator[Fact]:
                         base_sequence=batch.base_sequence,
                         record_count=batch.records_count,
                         crc=batch.crc,
+                        first_timestamp=batch.first_timestamp,
+                        batch_length=batch.size_in_bytes - RECORD_BATCH_LOG_OVERHEAD,
                     )
                 yield fact
 

@@ -3,7 +3,7 @@ body the audit does not decode with kafka-python.
 
 Why: Produce requests are most of a busy capture, and the duplicate and sequence checks
 need only where each record batch sits and its fixed-offset v2 header (producer id and
-epoch, base sequence, record count, CRC). kafka-python builds every object and copies
+epoch, base sequence, record count, CRC, first timestamp, length). kafka-python builds every object and copies
 every record set, at a few thousand frames a second per core; this walk only reads
 lengths. It covers Produce v0 to v13 (transactional id from v3, flexible from v9, topic ids
 from v13). Anything it does not expect (a pre-v2 message set, a cut batch, trailing bytes,
@@ -63,7 +63,7 @@ def _batches(buf: bytes, pos: int, end: int, common: dict[str, Any], facts: list
     while pos < end:
         if end - pos < RECORD_BATCH_HEADER_SIZE or buf[pos + RECORD_BATCH_MAGIC_OFFSET] != 2:
             raise _Odd  # a cut batch, or a pre-v2 message set: kafka-python reads those
-        _, length, _, _, crc, _, _, _, _, producer_id, epoch, base_sequence, count = (
+        _, length, _, _, crc, _, _, first_timestamp, _, producer_id, epoch, base_sequence, count = (
             RECORD_BATCH_HEADER.unpack_from(buf, pos)
         )
         size = RECORD_BATCH_LOG_OVERHEAD + length
@@ -77,6 +77,8 @@ def _batches(buf: bytes, pos: int, end: int, common: dict[str, Any], facts: list
                 "producer_epoch": epoch,
                 "base_sequence": base_sequence,
                 "record_count": count,
+                "first_timestamp": first_timestamp,
+                "batch_length": length,
             }
         )
         pos += size

@@ -27,6 +27,7 @@ from protocol import (
     PRODUCE_FIRST_FLEXIBLE,
     PRODUCE_FIRST_TRANSACTIONAL_ID,
     RECORD_BATCH_HEADER_SIZE,
+    RECORD_BATCH_LOG_OVERHEAD,
     ApiKey,
     request_class,
     response_class,
@@ -215,7 +216,7 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     batch = pos + 4 + np.where(flexible, width, 4)
     f.require(size >= RECORD_BATCH_HEADER_SIZE)
     f.require(f.signed(batch + 16, 1) == 2)  # magic: a v2 record batch
-    f.require(12 + f.signed(batch + 8, 4) == size)  # exactly one batch
+    f.require(RECORD_BATCH_LOG_OVERHEAD + f.signed(batch + 8, 4) == size)  # exactly one batch
     pos = _no_tags(f, _no_tags(f, _no_tags(f, batch + size, flexible), flexible), flexible)
     f.require(pos == f.end)
     crc = f.unsigned(batch + 17, 4).astype(np.int64)
@@ -223,6 +224,7 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     epoch = f.signed(batch + 51, 2)
     base_sequence = f.signed(batch + 53, 4)
     record_count = f.signed(batch + 57, 4)
+    first_timestamp = f.signed(batch + 27, 8)
     return _taken(
         f,
         name_at,
@@ -234,6 +236,8 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
         producer_epoch=(epoch, pa.int16()),
         base_sequence=(base_sequence, pa.int32()),
         record_count=(record_count, pa.int32()),
+        first_timestamp=(first_timestamp, pa.int64()),
+        batch_length=(size - RECORD_BATCH_LOG_OVERHEAD, pa.int32()),
     )
 
 

@@ -91,6 +91,7 @@ def test_resent_produces_are_the_duplicates_the_topic_holds(lossy, lossy_report)
     for finding in lossy_report["checks"]["produce"]["findings"]:
         details = json.loads(finding["details"])
         assert (details["sends"], details["acknowledged"], details["record_count"]) == (2, 1, 1)
+        assert details["corrfix_resends"] == 1  # the lineage: the re-send carries the client's id
 
 
 def test_latency_covers_every_api_the_clients_used(lossy_report):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 from kafka.record.memory_records import MemoryRecordsBuilder
+from kafka.record.util import calc_crc32c
 from pyspark.sql import DataFrame, SparkSession
 
 from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
@@ -144,12 +145,18 @@ def facts_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame(table)
 
 
-def records(n: int = 2, producer_id: int = -1, base_sequence: int = -1, value: bytes = b"v") -> bytes:
+def records(
+    n: int = 2,
+    producer_id: int = -1,
+    base_sequence: int = -1,
+    value: bytes = b"v",
+    timestamp: int = 1_700_000_000_000,
+) -> bytes:
     builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
     if producer_id >= 0:
         builder.set_producer_state(producer_id, 0, base_sequence, False)
     for i in range(n):
-        builder.append(timestamp=1_700_000_000_000 + i, key=None, value=value + b"%d" % i)
+        builder.append(timestamp=timestamp + i, key=None, value=value + b"%d" % i)
     builder.close()
     return bytes(builder.buffer())
 
@@ -228,3 +235,38 @@ def wire_rows() -> list[dict[str, Any]]:
     ]
     w3 = [req("w3", 1, "client", 3, cid=9)]
     return [{**r, "source": "wire"} for r in w1 + w2 + w3]
+
+
+CRC_COVERS_FROM = 21
+"""A v2 batch's CRC-32C covers its bytes from the attributes (offset 21) to its end."""
+
+
+def with_crc(batch: bytes, crc: int, at: int) -> bytes:
+    """``batch`` (one v2 record batch) with the four bytes at ``at`` (in a record's value)
+    changed so that its CRC is ``crc``: a different batch that shares another's CRC. CRC is
+    linear over GF(2) for a fixed length, so the four bytes solve a 32 x 32 linear system."""
+
+    def crc_with(word: int) -> int:
+        data = bytearray(batch)
+        data[at : at + 4] = word.to_bytes(4, "big")
+        return calc_crc32c(bytes(data[CRC_COVERS_FROM:]))
+
+    base = crc_with(0)
+    rows = [(crc_with(1 << bit) ^ base, 1 << bit) for bit in range(32)]  # (image, preimage) pairs
+    basis: dict[int, tuple[int, int]] = {}  # leading bit -> (image, preimage)
+    for image, preimage in rows:
+        for bit in sorted(basis, reverse=True):
+            if image >> bit & 1:
+                image, preimage = image ^ basis[bit][0], preimage ^ basis[bit][1]
+        if image:
+            basis[image.bit_length() - 1] = (image, preimage)
+    want, word = crc ^ base, 0
+    for bit in sorted(basis, reverse=True):
+        if want >> bit & 1:
+            want, word = want ^ basis[bit][0], word ^ basis[bit][1]
+    assert want == 0, "four bytes always reach any CRC-32C"
+    data = bytearray(batch)
+    data[at : at + 4] = word.to_bytes(4, "big")
+    data[17:21] = crc.to_bytes(4, "big")
+    assert calc_crc32c(bytes(data[CRC_COVERS_FROM:])) == crc
+    return bytes(data)

@@ -8,8 +8,24 @@ from pyspark.testing import assertDataFrameEqual
 from spark_audit.checks import attempts, duplicate_batches, sequence_problems
 from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
+TIMESTAMP = 1_700_000_000_000
+LENGTH = 120
 
-def batch(conn, seq, wall_ms, crc, *, pid=-1, base=-1, count=2, partition=0):
+
+def batch(
+    conn,
+    seq,
+    wall_ms,
+    crc,
+    *,
+    pid=-1,
+    base=-1,
+    count=2,
+    partition=0,
+    ts=TIMESTAMP,
+    length=LENGTH,
+    lineage=None,
+):
     return fact(
         conn,
         seq,
@@ -25,6 +41,9 @@ def batch(conn, seq, wall_ms, crc, *, pid=-1, base=-1, count=2, partition=0):
         producer_epoch=0 if pid >= 0 else -1,
         base_sequence=base,
         record_count=count,
+        first_timestamp=ts,
+        batch_length=length,
+        lineage_id=lineage,
         acks=1,
     )
 
@@ -70,9 +89,12 @@ def test_duplicate_batches_without_producer_id(spark):
             partition=0,
             crc=111,
             record_count=2,
+            first_timestamp=TIMESTAMP,
+            batch_length=LENGTH,
             sends=2,
             acknowledged=2,
             unanswered=0,
+            corrfix_resends=0,
             last_wall_ns=5 * MS,
             kind="appended_twice",
         ),
@@ -84,14 +106,65 @@ def test_duplicate_batches_without_producer_id(spark):
             partition=0,
             crc=222,
             record_count=2,
+            first_timestamp=TIMESTAMP,
+            batch_length=LENGTH,
             sends=2,
             acknowledged=1,
             unanswered=1,
+            corrfix_resends=0,
             last_wall_ns=20 * MS,
             kind="possible_duplicate",
         ),
     ]
     assertDataFrameEqual(duplicate_batches(attempts(facts_df(spark, rows))), expected)
+
+
+def _kinds(spark, rows) -> list[tuple]:
+    found = duplicate_batches(attempts(facts_df(spark, rows))).collect()
+    return sorted(
+        (r.crc, r.first_timestamp, r.kind, r.sends, r.acknowledged, r.corrfix_resends) for r in found
+    )
+
+
+def test_batches_sharing_a_crc_by_chance_are_not_duplicates(spark):
+    rows = [  # three different batches with one CRC, each acknowledged once, with no lineage
+        batch("a", 1, 0, 111),
+        ack("a", 1, 1),
+        batch("b", 3, 5, 111, ts=TIMESTAMP + 9),
+        ack("b", 3, 6),
+        batch("c", 5, 10, 111, length=LENGTH + 4),
+        ack("c", 5, 11),
+        batch("c", 7, 15, 111, count=3),
+        ack("c", 7, 16),
+    ]
+    assert _kinds(spark, rows) == []
+
+
+def test_a_resend_by_corrfix_acknowledged_twice_is_appended_twice(spark):
+    rows = [  # one client request (lineage 42) sent under upstream ids 1 and 3
+        batch("a", 1, 0, 111, lineage=42),
+        ack("a", 1, 1),
+        batch("a", 3, 5, 111, lineage=42),
+        ack("a", 3, 6),
+    ]
+    assert _kinds(spark, rows) == [(111, TIMESTAMP, "appended_twice", 2, 2, 1)]
+
+
+def test_a_retry_by_the_client_acknowledged_twice_is_appended_twice(spark):
+    rows = [  # the client's own retry: a new correlation id (lineage), here on a new connection
+        batch("a", 1, 0, 111, lineage=7),
+        ack("a", 1, 1),
+        batch("b", 3, 5, 111, lineage=0),
+        ack("b", 3, 6),
+        batch("c", 5, 10, 222),  # the same on a wire capture, with no lineage at all
+        ack("c", 5, 11),
+        batch("c", 7, 15, 222),
+        ack("c", 7, 16),
+    ]
+    assert _kinds(spark, rows) == [
+        (111, TIMESTAMP, "appended_twice", 2, 2, 0),
+        (222, TIMESTAMP, "appended_twice", 2, 2, 0),
+    ]
 
 
 def test_sequence_problems_of_idempotent_producers(spark):
