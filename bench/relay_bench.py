@@ -85,14 +85,15 @@ def _summarise(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _capture_lost(directory: Path) -> dict[str, int]:
-    """Rows written and lost, from the capture's JSON sidecars."""
+    """Rows written and lost, from the capture's JSON sidecars, and the bytes of its files."""
     written = lost = 0
     for sidecar in directory.glob("*.json"):
         with contextlib.suppress(ValueError, OSError):
             data = json.loads(sidecar.read_text())
             written += int(data.get("rows_written", 0))
             lost += int(data.get("rows_lost", 0))
-    return {"rows_written": written, "rows_lost": lost}
+    size = sum(file.stat().st_size for file in directory.rglob("*.arrows"))
+    return {"rows_written": written, "rows_lost": lost, "bytes_written": size}
 
 
 def run_relay(

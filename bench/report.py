@@ -225,7 +225,13 @@ def markdown(results: dict[str, Any]) -> str:
             out.append("\n### Capture\n")
             out.append(
                 f"Capture on vs off (req/s of corrfix-capture / corrfix), per case. Rows written "
-                f"{rows['rows_written']:,}, rows lost (queue full) {rows['rows_lost']:,}.\n"
+                f"{rows['rows_written']:,}, rows lost (queue full) {rows['rows_lost']:,}"
+                + (
+                    f", {rows['bytes_written'] / 2**20:,.0f} MiB of files"
+                    f" ({rows['bytes_written'] / max(rows['rows_written'], 1):,.0f} bytes per row).\n"
+                    if "bytes_written" in rows
+                    else ".\n"
+                )
             )
             out.append("| case | capture on / off |\n|---|---|")
             out.extend(f"| {c['case']} | {_fmt(c.get('capture_vs_off'))} |" for c in relay["cases"])
