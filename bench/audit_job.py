@@ -58,9 +58,9 @@ def _steps() -> tuple[object, dict[str, float]]:
 def _jvm_rows(spark: object, path: str) -> int:
     """Rows the audit's one read yields to the JVM: the audit table and the facts, with the
     sends of batches without a producer id summed per batch, as the audit reads them."""
-    from spark_audit.connections import load_audit_and_facts
+    from spark_audit.connections import load_audit
 
-    return load_audit_and_facts(spark, path).count()
+    return load_audit(spark, path, with_facts=True).count()
 
 
 def _planning_s(path: str) -> float:

@@ -42,11 +42,9 @@ from ._latency import (
 )
 from ._load import (
     DRIVER_BYTES_CONF,
-    audit_and_facts_of,
     audit_of,
     facts_of,
     load_audit,
-    load_audit_and_facts,
     load_audit_input,
     load_facts,
     load_transactions,
@@ -98,7 +96,6 @@ __all__ = [
     "answers_in_order",
     "assign",
     "audit_and_facts",
-    "audit_and_facts_of",
     "audit_of",
     "audit_pass",
     "capture_gaps",
@@ -108,7 +105,6 @@ __all__ = [
     "facts_pass",
     "index_files",
     "load_audit",
-    "load_audit_and_facts",
     "load_audit_input",
     "load_facts",
     "load_transactions",

@@ -36,7 +36,7 @@ from spark_audit.connections._latency import (
     slow_candidates,
     summaries,
 )
-from spark_audit.connections._pass import FACTS_SCHEMA, TRANSACTIONS_SCHEMA, connection_pass
+from spark_audit.connections._pass import FACTS_SCHEMA, TRANSACTIONS_SCHEMA, _conform, connection_pass
 
 CONNECTION_COLUMNS = (
     "capture_id",
@@ -86,20 +86,6 @@ AUDIT_AND_FACTS_SCHEMA = pa.schema(
 """The audit table and the facts in one table (``table`` = ``audit`` or ``facts``; each row
 null in the other's columns): what the default audit reads, so that the capture is planned,
 gathered and cached once for both."""
-
-
-def _conform(rows: pa.Table, schema: pa.Schema, /, **constants: str) -> pa.Table:
-    """``rows`` as ``schema``: ``constants`` for their columns, nulls where it has none."""
-    n = rows.num_rows
-    arrays = []
-    for field in schema:
-        if field.name in constants:
-            arrays.append(pa.array([constants[field.name]] * n, field.type))
-        elif field.name in rows.column_names:
-            arrays.append(rows.column(field.name).cast(field.type))
-        else:
-            arrays.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _as_part(table: pa.Table, part: str) -> pa.Table:

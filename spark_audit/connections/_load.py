@@ -83,26 +83,22 @@ def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
 
 
 def audit_of(
-    rows: DataFrame, window_s: float = DEFAULT_WINDOW_S, slow_min_ms: float = DEFAULT_SLOW_MIN_MS
+    rows: DataFrame,
+    window_s: float = DEFAULT_WINDOW_S,
+    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    with_facts: bool = False,
 ) -> DataFrame:
-    """The audit table of the same rows, by the same shuffle."""
-
-    def one_pass(table: pa.Table) -> pa.Table:
-        return audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
-
-    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, AUDIT_SPARK_SCHEMA)
-
-
-def audit_and_facts_of(
-    rows: DataFrame, window_s: float = DEFAULT_WINDOW_S, slow_min_ms: float = DEFAULT_SLOW_MIN_MS
-) -> DataFrame:
-    """The audit table and the facts (plain sends summed) of the same rows, by one shuffle."""
+    """The audit table of the same rows, by the same shuffle; ``with_facts``, the facts too
+    (plain sends summed), from the same shuffle, as one table (:data:`AUDIT_AND_FACTS_SCHEMA`)."""
 
     def one_pass(table: pa.Table) -> pa.Table:
         audit = audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
+        if not with_facts:
+            return audit
         return audit_and_facts(audit, facts_pass(decode_table(broker_frames(table)), sum_plain_sends=True))
 
-    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, AUDIT_AND_FACTS_SPARK_SCHEMA)
+    schema = AUDIT_AND_FACTS_SPARK_SCHEMA if with_facts else AUDIT_SPARK_SCHEMA
+    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, schema)
 
 
 def _rows(spark: SparkSession, path: str) -> DataFrame:
@@ -183,32 +179,24 @@ def load_audit(
     via: Via = "auto",
     window_s: float = DEFAULT_WINDOW_S,
     slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    with_facts: bool = False,
 ) -> DataFrame:
-    """The audit table of the capture at ``path`` (:data:`AUDIT_SCHEMA`)."""
-    if _by_fallback(path, via):
-        return audit_of(_rows(spark, path), window_s, slow_min_ms)
-    return _read(spark, path, "audit", {"window_s": window_s, "slow_min_ms": slow_min_ms})
-
-
-def load_audit_and_facts(
-    spark: SparkSession,
-    path: str,
-    via: Via = "auto",
-    window_s: float = DEFAULT_WINDOW_S,
-    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
-) -> DataFrame:
-    """The audit table and the facts with the plain sends summed, as one DataFrame of
+    """The audit table of the capture at ``path`` (:data:`AUDIT_SCHEMA`); ``with_facts``,
+    the audit table and the facts with the plain sends summed, as one DataFrame of
     :data:`AUDIT_AND_FACTS_SCHEMA` (``table`` says which): one plan and one gathering of
     the capture for both. A small local capture is passed here, on the driver, and handed
     to Spark as one local relation (one Arrow transfer)."""
-    options = {"window_s": window_s, "slow_min_ms": slow_min_ms, "sum_plain_sends": True}
     if _by_fallback(path, via):
-        return audit_and_facts_of(_rows(spark, path), window_s, slow_min_ms)
-    return _read(spark, path, "audit_and_facts", options)
+        return audit_of(_rows(spark, path), window_s, slow_min_ms, with_facts)
+    options: dict[str, Any] = {"window_s": window_s, "slow_min_ms": slow_min_ms}
+    if with_facts:
+        options["sum_plain_sends"] = True
+    return _read(spark, path, "audit_and_facts" if with_facts else "audit", options)
 
 
 def _views(both: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """The audit table and the facts, each with its own columns, of :func:`load_audit_and_facts`."""
+    """The audit table and the facts, each with its own columns, of :func:`load_audit` with
+    the facts."""
     audit, facts = (
         both.filter(F.col(TABLE_COLUMN) == name).select(*SCHEMAS[name].names) for name in ("audit", "facts")
     )
@@ -225,12 +213,10 @@ def load_audit_input(
 ) -> tuple[DataFrame, DataFrame | None, list[DataFrame]]:
     """What the audit reads: the audit table (:func:`load_audit`), the facts with the plain
     sends summed (None without ``with_facts``), and the DataFrames to cache for both. With
-    the facts, both are views of one read (:func:`load_audit_and_facts`), cached once. A
+    the facts, both are views of one read, cached once. A
     small local capture is a local relation, and nothing to cache: its rows are already in
     the driver's memory, and a cache would cost a job to build."""
     on_driver = not _by_fallback(path, via) and _small(spark, path)
-    if not with_facts:
-        audit = load_audit(spark, path, via, window_s, slow_min_ms)
-        return audit, None, [] if on_driver else [audit]
-    both = load_audit_and_facts(spark, path, via, window_s, slow_min_ms)
-    return (*_views(both), [] if on_driver else [both])
+    read = load_audit(spark, path, via, window_s, slow_min_ms, with_facts)
+    audit, facts = _views(read) if with_facts else (read, None)
+    return audit, facts, [] if on_driver else [read]

@@ -241,7 +241,9 @@ def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
     return pa.table({**columns, "cid": frames.column(id_column), "expects": expects}).select(INPUT_COLUMNS)
 
 
-def _conform(table: pa.Table, schema: pa.Schema = TRANSACTIONS_SCHEMA, **constants: str | None) -> pa.Table:
+def _conform(
+    table: pa.Table, schema: pa.Schema = TRANSACTIONS_SCHEMA, /, **constants: str | None
+) -> pa.Table:
     n = table.num_rows
     arrays = []
     for field in schema:
