@@ -64,12 +64,13 @@ def _jvm_rows(spark: object, path: str) -> int:
 
 
 def _planning_s(path: str) -> float:
-    """The driver's planning: the per-file connection index and the assignment."""
-    from spark_audit.connections import assign, index_files
+    """The driver's planning, as the Data Source plans: the per-file connection index (from
+    the capture's summary where it covers a file) and the assignment."""
+    from spark_audit.connections import assign, index_files, summary_index
     from spark_audit.source import list_files
 
     start = time.monotonic()
-    assign(index_files(list_files(path)), 4)
+    assign(index_files(list_files(path), summary_index(path)), 4)
     return time.monotonic() - start
 
 
