@@ -33,6 +33,8 @@ import pyarrow.ipc as ipc
 import synthetic_capture
 from audit_job import AUDIT_RUNS
 
+from corrfix.capture import SUMMARY_SUFFIX, read_summaries, write_summary
+
 HERE = Path(__file__).parent
 BROKER_PORT = 9092
 SESSION_ALLOWANCE = 90.0
@@ -50,8 +52,13 @@ TSHARK_FIELDS = (
 
 
 def _replicate(directory: Path, copies: int) -> int:
-    """Add ``copies - 1`` copies of every capture file, each with its own connection ids."""
+    """Add ``copies - 1`` copies of every capture file, each with its own connection ids,
+    and enter them in the capture's summary as the capture writer would have (files, rows
+    per connection per file), so that the audit plans from the summary as it does for a
+    real capture rather than reading every copy's ``connection_id`` column."""
     sources = sorted(directory.glob("*.arrows"))
+    [summary_path] = directory.glob(f"*{SUMMARY_SUFFIX}")
+    [summary] = read_summaries(summary_path)
     rows = 0
     for source in sources:
         with ipc.open_stream(pa.memory_map(str(source))) as reader:
@@ -66,6 +73,11 @@ def _replicate(directory: Path, copies: int) -> int:
             target = source.with_name(source.name.replace(".arrows", f"-copy{copy:03d}.arrows"))
             with pa.OSFile(str(target), "wb") as sink, ipc.new_stream(sink, table.schema) as writer:
                 writer.write_table(copied, max_chunksize=65536)
+            counts = summary.connections.get(source.name, {})
+            summary.connections[target.name] = {f"{conn}-x{copy}": n for conn, n in counts.items()}
+            summary.files.append(target.name)
+            summary.rows_written += table.num_rows
+    write_summary(summary_path, summary)
     return rows
 
 

@@ -56,20 +56,21 @@ def _steps() -> tuple[object, dict[str, float]]:
 
 
 def _jvm_rows(spark: object, path: str) -> int:
-    """Rows the audit's reads yield to the JVM: the audit table and the facts, with the
+    """Rows the audit's one read yields to the JVM: the audit table and the facts, with the
     sends of batches without a producer id summed per batch, as the audit reads them."""
-    from spark_audit.connections import load_audit, load_facts
+    from spark_audit.connections import load_audit
 
-    return load_audit(spark, path).count() + load_facts(spark, path, sum_plain_sends=True).count()
+    return load_audit(spark, path, with_facts=True).count()
 
 
 def _planning_s(path: str) -> float:
-    """The driver's planning: the per-file connection index and the assignment."""
-    from spark_audit.connections import assign, index_files
+    """The driver's planning, as the Data Source plans: the per-file connection index (from
+    the capture's summary where it covers a file) and the assignment."""
+    from spark_audit.connections import assign, index_files, summary_index
     from spark_audit.source import list_files
 
     start = time.monotonic()
-    assign(index_files(list_files(path)), 4)
+    assign(index_files(list_files(path), summary_index(path)), 4)
     return time.monotonic() - start
 
 

@@ -21,7 +21,7 @@ from ._anomalies import (
     skipped_sends,
     stray_answers,
 )
-from ._audit import AUDIT_SCHEMA, PARTS, audit_pass
+from ._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, PARTS, TABLE_COLUMN, audit_and_facts, audit_pass
 from ._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
 from ._datasource import (
     FACTS_SPARK_SCHEMA,
@@ -66,6 +66,7 @@ from ._plan import Assignment, assign, index_files, summary_index
 
 __all__ = [
     "ACCURACY",
+    "AUDIT_AND_FACTS_SCHEMA",
     "AUDIT_SCHEMA",
     "BATCH_SENDS_SCHEMA",
     "CLIENT_SCHEMA",
@@ -83,6 +84,7 @@ __all__ = [
     "SKIP_SCHEMA",
     "STRAY_SCHEMA",
     "SUMMARY_SCHEMA",
+    "TABLE_COLUMN",
     "TRANSACTIONS_SCHEMA",
     "TRANSACTIONS_SOURCE",
     "TRANSACTIONS_SPARK_SCHEMA",
@@ -93,6 +95,7 @@ __all__ = [
     "answered_requests",
     "answers_in_order",
     "assign",
+    "audit_and_facts",
     "audit_of",
     "audit_pass",
     "capture_gaps",

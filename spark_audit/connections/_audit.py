@@ -11,7 +11,9 @@ instead of one transaction row per request. Per partition, a few rows (``part``)
   Spark aggregation.
 
 One schema for all of them (the union of their columns, null where a part has none): the
-rows are few, so width costs nothing, and one table is one read and one cache.
+rows are few, so width costs nothing, and one table is one read and one cache. The audit
+reads it together with the facts, as one table of both (:data:`AUDIT_AND_FACTS_SCHEMA`):
+one plan of the capture, one gathering of its rows, one cache.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from spark_audit.connections._latency import (
     slow_candidates,
     summaries,
 )
-from spark_audit.connections._pass import TRANSACTIONS_SCHEMA, connection_pass
+from spark_audit.connections._pass import FACTS_SCHEMA, TRANSACTIONS_SCHEMA, _conform, connection_pass
 
 CONNECTION_COLUMNS = (
     "capture_id",
@@ -58,30 +60,47 @@ PARTS: dict[str, pa.Schema] = {
 """Each part's own columns, in the order its Spark reference gives them."""
 
 
-def _union() -> pa.Schema:
+def _union(what: str, schemas: list[pa.Schema]) -> list[pa.Field]:
+    """Every column of ``schemas`` once, nullable (a name has one type in all of them)."""
     fields: dict[str, pa.Field] = {}
-    for schema in PARTS.values():
+    for schema in schemas:
         for field in schema:
             known = fields.setdefault(field.name, field.with_nullable(True))
             if known.type != field.type:
-                raise TypeError(f"audit table: {field.name} is {known.type} and {field.type}")
-    return pa.schema([pa.field("part", pa.string(), nullable=False), *fields.values()])
+                raise TypeError(f"{what}: {field.name} is {known.type} and {field.type}")
+    return list(fields.values())
 
 
-AUDIT_SCHEMA = _union()
+AUDIT_SCHEMA = pa.schema(
+    [pa.field("part", pa.string(), nullable=False), *_union("audit table", list(PARTS.values()))]
+)
+
+TABLE_COLUMN = "table"
+"""The column of :data:`AUDIT_AND_FACTS_SCHEMA` that says which table a row belongs to."""
+AUDIT_AND_FACTS_SCHEMA = pa.schema(
+    [
+        pa.field(TABLE_COLUMN, pa.string(), nullable=False),
+        *_union("audit and facts", [AUDIT_SCHEMA, FACTS_SCHEMA]),
+    ]
+)
+"""The audit table and the facts in one table (``table`` = ``audit`` or ``facts``; each row
+null in the other's columns): what the default audit reads, so that the capture is planned,
+gathered and cached once for both."""
 
 
 def _as_part(table: pa.Table, part: str) -> pa.Table:
-    n = table.num_rows
-    arrays = [pa.array([part] * n, pa.string())]
-    for field in AUDIT_SCHEMA:
-        if field.name == "part":
-            continue
-        if field.name in table.column_names:
-            arrays.append(table.column(field.name).cast(field.type))
-        else:
-            arrays.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(arrays, schema=AUDIT_SCHEMA)
+    return _conform(table, AUDIT_SCHEMA, part=part)
+
+
+def audit_and_facts(audit: pa.Table, facts: pa.Table) -> pa.Table:
+    """The audit table (:data:`AUDIT_SCHEMA`) and the facts (:data:`FACTS_SCHEMA`) as one
+    table of :data:`AUDIT_AND_FACTS_SCHEMA`."""
+    return pa.concat_tables(
+        [
+            _conform(audit, AUDIT_AND_FACTS_SCHEMA, table="audit"),
+            _conform(facts, AUDIT_AND_FACTS_SCHEMA, table="facts"),
+        ]
+    )
 
 
 def audit_pass(table: pa.Table, window_s: float, slow_min_ms: float) -> pa.Table:

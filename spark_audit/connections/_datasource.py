@@ -8,11 +8,12 @@ frame bytes, so no frame is copied. Options: ``path`` (``load(path)``), ``partit
 (default 2) and ``min_partition_rows`` (default 200,000: a small capture stays one
 partition, one Python worker); ``table``: ``transactions`` (the default) or ``facts``, the
 decoded broker-side bodies of the same connections (two narrow tables cost the JVM less than
-one wide one); or ``audit``, what the default audit reads instead of the transactions
-(:func:`audit_pass`: checks 1 and 2, latency summaries, no row per request), with the
-options ``window_s`` (default 10) and ``slow_min_ms`` (default 100). With
-``sum_plain_sends=true`` the facts table sums the sends of batches without a producer id
-per batch (``batch_sends`` rows) instead of one ``fact`` row per send.
+one wide one); ``audit``, the audit table instead of the transactions (:func:`audit_pass`:
+checks 1 and 2, latency summaries, no row per request), with the options ``window_s``
+(default 10) and ``slow_min_ms`` (default 100); or ``audit_and_facts``, both of those from
+one gathering of the rows (:data:`AUDIT_AND_FACTS_SCHEMA`), what the default audit reads.
+With ``sum_plain_sends=true`` the facts sum the sends of batches without a producer id per
+batch (``batch_sends`` rows) instead of one ``fact`` row per send.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
-from spark_audit.connections._audit import AUDIT_SCHEMA, audit_pass
+from spark_audit.connections._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, audit_and_facts, audit_pass
 from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
@@ -47,7 +48,13 @@ TRANSACTIONS_SOURCE = "corrfix-transactions"
 TRANSACTIONS_SPARK_SCHEMA: StructType = from_arrow_schema(TRANSACTIONS_SCHEMA)
 FACTS_SPARK_SCHEMA: StructType = from_arrow_schema(FACTS_SCHEMA)
 AUDIT_SPARK_SCHEMA: StructType = from_arrow_schema(AUDIT_SCHEMA)
-TABLES = {"transactions": TRANSACTIONS_SPARK_SCHEMA, "facts": FACTS_SPARK_SCHEMA, "audit": AUDIT_SPARK_SCHEMA}
+AUDIT_AND_FACTS_SPARK_SCHEMA: StructType = from_arrow_schema(AUDIT_AND_FACTS_SCHEMA)
+TABLES = {
+    "transactions": TRANSACTIONS_SPARK_SCHEMA,
+    "facts": FACTS_SPARK_SCHEMA,
+    "audit": AUDIT_SPARK_SCHEMA,
+    "audit_and_facts": AUDIT_AND_FACTS_SPARK_SCHEMA,
+}
 DEFAULT_WINDOW_S = 10.0
 DEFAULT_SLOW_MIN_MS = 100.0
 BATCH_ROWS = 65_536
@@ -99,23 +106,27 @@ def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | N
                     yield batch, mine
 
 
+def _gather(part: Connections, headers: bool, bodies: bool) -> tuple[pa.Table, pa.Table]:
+    """The partition's rows without frames, with Produce acks (if ``headers``), and the facts
+    of their broker-side bodies (if ``bodies``), from one scan of the files. Bodies are
+    decoded a batch at a time, so only one batch's frames are ever copied."""
+    rows, facts = [], [FACT_SCHEMA.empty_table()]
+    for batch, mine in _batches(part):
+        if headers:
+            rows.append(_headers(batch, None if mine is None else np.flatnonzero(mine)))
+        if bodies and "frame" in batch.schema.names:
+            facts.append(decode_table(broker_frames(batch, mine)))
+    return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
+
+
 def gather(part: Connections) -> pa.Table:
     """Every row of the partition's connections, without frames, with Produce acks."""
-    tables = [
-        _headers(batch, None if mine is None else np.flatnonzero(mine)) for batch, mine in _batches(part)
-    ]
-    return pa.concat_tables(tables) if tables else pa.table({})
+    return _gather(part, headers=True, bodies=False)[0]
 
 
 def gather_facts(part: Connections) -> pa.Table:
-    """The facts of the broker-side bodies of the partition's connections, decoded a batch
-    at a time (so only one batch's frames are ever copied)."""
-    facts = [
-        decode_table(broker_frames(batch, mine))
-        for batch, mine in _batches(part)
-        if "frame" in batch.schema.names
-    ]
-    return pa.concat_tables([FACT_SCHEMA.empty_table(), *facts])
+    """The facts of the broker-side bodies of the partition's connections."""
+    return _gather(part, headers=False, bodies=True)[1]
 
 
 def read_connections(
@@ -125,14 +136,16 @@ def read_connections(
     slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
     sum_plain_sends: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """One partition's ``table`` (transactions, facts or audit), as batches of its schema."""
+    """One partition's ``table`` (transactions, facts, audit, or audit and facts), as
+    batches of its schema."""
+    rows, facts = _gather(part, headers=table != "facts", bodies=table in ("facts", "audit_and_facts"))
     if table == "facts":
-        out = facts_pass(gather_facts(part), sum_plain_sends)
-    elif table == "audit":
-        rows = gather(part)
+        out = facts_pass(facts, sum_plain_sends)
+    elif table in ("audit", "audit_and_facts"):
         out = audit_pass(rows, window_s, slow_min_ms) if rows.num_rows else AUDIT_SCHEMA.empty_table()
+        if table == "audit_and_facts":
+            out = audit_and_facts(out, facts_pass(facts, sum_plain_sends))
     else:
-        rows = gather(part)
         out = connection_pass(rows) if rows.num_rows else TRANSACTIONS_SCHEMA.empty_table()
     yield from out.to_batches(max_chunksize=BATCH_ROWS)
 
@@ -164,7 +177,8 @@ class TransactionsReader(DataSourceReader):
 
 class TransactionsDataSource(DataSource):
     """The ``corrfix-transactions`` format (:data:`TRANSACTIONS_SCHEMA`, or :data:`FACTS_SCHEMA`
-    with ``table=facts``, :data:`AUDIT_SCHEMA` with ``table=audit``)."""
+    with ``table=facts``, :data:`AUDIT_SCHEMA` with ``table=audit``,
+    :data:`AUDIT_AND_FACTS_SCHEMA` with ``table=audit_and_facts``)."""
 
     @classmethod
     def name(cls) -> str:

@@ -11,8 +11,15 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_audit.connections._audit import AUDIT_SCHEMA, audit_pass
+from spark_audit.connections._audit import (
+    AUDIT_AND_FACTS_SCHEMA,
+    AUDIT_SCHEMA,
+    TABLE_COLUMN,
+    audit_and_facts,
+    audit_pass,
+)
 from spark_audit.connections._datasource import (
+    AUDIT_AND_FACTS_SPARK_SCHEMA,
     AUDIT_SPARK_SCHEMA,
     DEFAULT_SLOW_MIN_MS,
     DEFAULT_WINDOW_S,
@@ -76,14 +83,22 @@ def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
 
 
 def audit_of(
-    rows: DataFrame, window_s: float = DEFAULT_WINDOW_S, slow_min_ms: float = DEFAULT_SLOW_MIN_MS
+    rows: DataFrame,
+    window_s: float = DEFAULT_WINDOW_S,
+    slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    with_facts: bool = False,
 ) -> DataFrame:
-    """The audit table of the same rows, by the same shuffle."""
+    """The audit table of the same rows, by the same shuffle; ``with_facts``, the facts too
+    (plain sends summed), from the same shuffle, as one table (:data:`AUDIT_AND_FACTS_SCHEMA`)."""
 
     def one_pass(table: pa.Table) -> pa.Table:
-        return audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
+        audit = audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
+        if not with_facts:
+            return audit
+        return audit_and_facts(audit, facts_pass(decode_table(broker_frames(table)), sum_plain_sends=True))
 
-    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, AUDIT_SPARK_SCHEMA)
+    schema = AUDIT_AND_FACTS_SPARK_SCHEMA if with_facts else AUDIT_SPARK_SCHEMA
+    return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, schema)
 
 
 def _rows(spark: SparkSession, path: str) -> DataFrame:
@@ -99,7 +114,12 @@ def _small(spark: SparkSession, path: str) -> bool:
     return sum(Path(file).stat().st_size for file in list_files(path)) <= limit
 
 
-SCHEMAS = {"facts": FACTS_SCHEMA, "audit": AUDIT_SCHEMA, "transactions": TRANSACTIONS_SCHEMA}
+SCHEMAS = {
+    "facts": FACTS_SCHEMA,
+    "audit": AUDIT_SCHEMA,
+    "transactions": TRANSACTIONS_SCHEMA,
+    "audit_and_facts": AUDIT_AND_FACTS_SCHEMA,
+}
 _NO_OPTIONS: dict[str, Any] = {}
 
 
@@ -121,32 +141,6 @@ def _on_driver(spark: SparkSession, path: str, table: str, options: dict[str, An
     """The same pass, run here on the whole capture as one partition: no Python worker."""
     rows = _driver_rows(_whole_capture(path), table, options)
     return spark.createDataFrame(rows.combine_chunks())  # PySpark 4.3 reads only a table's first chunk
-
-
-_TABLE = "_table"
-"""The column that tells the audit rows from the facts rows in the one local relation."""
-
-
-def _both_on_driver(
-    spark: SparkSession, path: str, audit_options: dict[str, Any], facts_options: dict[str, Any]
-) -> tuple[DataFrame, DataFrame]:
-    """The audit table and the facts, passed here as :func:`_on_driver` does from one plan
-    of the capture, handed to Spark as one local relation (one Arrow transfer) of which the
-    two tables are views."""
-    part = _whole_capture(path)
-    tables = []
-    for name, options in (("audit", audit_options), ("facts", facts_options)):
-        rows = _driver_rows(part, name, options)
-        nullable = pa.schema([field.with_nullable(True) for field in rows.schema])  # null in the other's rows
-        tables.append(
-            rows.cast(nullable).append_column(_TABLE, pa.array([name] * rows.num_rows, pa.string()))
-        )
-    both = pa.concat_tables(tables, promote_options="default").combine_chunks()
-    relation = spark.createDataFrame(both)  # PySpark 4.3 reads only a table's first chunk
-    audit, facts = (
-        relation.filter(F.col(_TABLE) == name).select(*SCHEMAS[name].names) for name in ("audit", "facts")
-    )
-    return audit, facts
 
 
 def _read(spark: SparkSession, path: str, table: str, options: dict[str, Any] = _NO_OPTIONS) -> DataFrame:
@@ -185,11 +179,28 @@ def load_audit(
     via: Via = "auto",
     window_s: float = DEFAULT_WINDOW_S,
     slow_min_ms: float = DEFAULT_SLOW_MIN_MS,
+    with_facts: bool = False,
 ) -> DataFrame:
-    """The audit table of the capture at ``path`` (:data:`AUDIT_SCHEMA`)."""
+    """The audit table of the capture at ``path`` (:data:`AUDIT_SCHEMA`); ``with_facts``,
+    the audit table and the facts with the plain sends summed, as one DataFrame of
+    :data:`AUDIT_AND_FACTS_SCHEMA` (``table`` says which): one plan and one gathering of
+    the capture for both. A small local capture is passed here, on the driver, and handed
+    to Spark as one local relation (one Arrow transfer)."""
     if _by_fallback(path, via):
-        return audit_of(_rows(spark, path), window_s, slow_min_ms)
-    return _read(spark, path, "audit", {"window_s": window_s, "slow_min_ms": slow_min_ms})
+        return audit_of(_rows(spark, path), window_s, slow_min_ms, with_facts)
+    options: dict[str, Any] = {"window_s": window_s, "slow_min_ms": slow_min_ms}
+    if with_facts:
+        options["sum_plain_sends"] = True
+    return _read(spark, path, "audit_and_facts" if with_facts else "audit", options)
+
+
+def _views(both: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The audit table and the facts, each with its own columns, of :func:`load_audit` with
+    the facts."""
+    audit, facts = (
+        both.filter(F.col(TABLE_COLUMN) == name).select(*SCHEMAS[name].names) for name in ("audit", "facts")
+    )
+    return audit, facts
 
 
 def load_audit_input(
@@ -201,14 +212,11 @@ def load_audit_input(
     with_facts: bool = True,
 ) -> tuple[DataFrame, DataFrame | None, list[DataFrame]]:
     """What the audit reads: the audit table (:func:`load_audit`), the facts with the plain
-    sends summed (:func:`load_facts`; None without ``with_facts``), and the DataFrames to
-    cache for both. A small local capture is one local relation holding both tables, and
-    nothing to cache: its rows are already in the driver's memory, and a cache would cost a
-    job to build."""
-    audit_options = {"window_s": window_s, "slow_min_ms": slow_min_ms}
+    sends summed (None without ``with_facts``), and the DataFrames to cache for both. With
+    the facts, both are views of one read, cached once. A
+    small local capture is a local relation, and nothing to cache: its rows are already in
+    the driver's memory, and a cache would cost a job to build."""
     on_driver = not _by_fallback(path, via) and _small(spark, path)
-    if on_driver and with_facts:
-        return (*_both_on_driver(spark, path, audit_options, {"sum_plain_sends": True}), [])
-    audit = load_audit(spark, path, via, window_s, slow_min_ms)
-    facts = load_facts(spark, path, via, sum_plain_sends=True) if with_facts else None
-    return audit, facts, [] if on_driver else [df for df in (audit, facts) if df is not None]
+    read = load_audit(spark, path, via, window_s, slow_min_ms, with_facts)
+    audit, facts = _views(read) if with_facts else (read, None)
+    return audit, facts, [] if on_driver else [read]

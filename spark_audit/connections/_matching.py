@@ -135,15 +135,13 @@ def match(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return PAIRS_SCHEMA.empty_table()
     table = table.combine_chunks()
-    conn_ids, seq, by_seq = _in_seq_order(table)
-    t = table.select(INPUT_COLUMNS).take(pa.array(by_seq)).combine_chunks()
-    n = t.num_rows
+    conn_ids, _, by_seq = _in_seq_order(table)  # the rows stay where they are: positions below
+    n = table.num_rows  # are in seq order, by_seq maps them to rows
     pos = np.arange(n, dtype=np.int64)
     conn = conn_ids[by_seq]
-    seq = seq[by_seq]
-    is_req = pc.fill_null(pc.equal(t.column("direction"), "request"), False).to_numpy(zero_copy_only=False)
-    cid = _ints(t.column("cid"))
-    expects = pc.fill_null(t.column("expects"), True).to_numpy(zero_copy_only=False)
+    is_req = _flags(pc.equal(table.column("direction"), "request"), False)[by_seq]
+    cid = _ints(table.column("cid"))[by_seq]
+    expects = _flags(table.column("expects"), True)[by_seq]
 
     # Per connection and id, in seq order (lexsort is stable, rows are already in seq order).
     by_id = np.lexsort((cid, conn))
@@ -192,26 +190,31 @@ def match(table: pa.Table) -> pa.Table:
         same = conn[req_pos[1:]] == conn[req_pos[:-1]]
         previous[req_pos[1:][same]] = req_pos[:-1][same]
 
-    req_mask = pa.array(is_req)
-    columns = {name: t.column(name) for name in INPUT_COLUMNS}
-    columns["expects"] = pc.if_else(req_mask, t.column("expects"), pa.nulls(n, pa.bool_()))
-    columns.update(
-        request_seq=_pick(t.column("seq"), request_of, has_request),
-        request_mono_ns=_pick(t.column("mono_ns"), request_of, has_request),
-        request_expects=_pick(columns["expects"], request_of, has_request),
-        nth=pa.array(nth, mask=~has_request),
-        answer_seq=_pick(t.column("seq"), answer_of, has_answer),
-        answer_wall_ns=_pick(t.column("wall_ns"), answer_of, has_answer),
-        answer_mono_ns=_pick(t.column("mono_ns"), answer_of, has_answer),
-        skipped=pc.if_else(req_mask, pa.array(skipped), pa.nulls(n, pa.bool_())),
-        overtaken_seq=_pick(t.column("seq"), first, skipped),
-        overtaken_wall_ns=_pick(t.column("wall_ns"), first, skipped),
-        overtaken_cid=_pick(t.column("cid"), first_request, skipped),
-        overtaken_api_key=_pick(t.column("api_key"), first_request, skipped),
-        overtaken_client_correlation_id=_pick(t.column("client_correlation_id"), first_request, skipped),
-        previous_request_cid=_pick(t.column("cid"), previous, previous >= 0),
-    )
-    arrays = [columns[f.name].cast(f.type) for f in PAIRS_SCHEMA]
+    # Only the rows kept (requests and stray answers) are gathered, in seq order.
     stray = ~has_request | (nth > 1) | ~expects[np.maximum(request_of, 0)]
-    kept = pa.array(is_req | stray)
-    return pa.Table.from_arrays(arrays, schema=PAIRS_SCHEMA).filter(kept)
+    out = np.flatnonzero(is_req | stray)
+
+    def pick(name: str, index: np.ndarray, valid: np.ndarray) -> pa.Array:
+        """``name`` of the row at seq position ``index`` of each kept row where ``valid``."""
+        return _pick(table.column(name), by_seq[np.maximum(index[out], 0)], valid[out])
+
+    req_mask = pa.array(is_req[out])
+    columns = {name: table.column(name).take(pa.array(by_seq[out])) for name in INPUT_COLUMNS}
+    columns["expects"] = pc.if_else(req_mask, columns["expects"], pa.nulls(len(out), pa.bool_()))
+    columns.update(
+        request_seq=pick("seq", request_of, has_request),
+        request_mono_ns=pick("mono_ns", request_of, has_request),
+        request_expects=pick("expects", request_of, has_request),  # a request's own value
+        nth=pa.array(nth[out], mask=~has_request[out]),
+        answer_seq=pick("seq", answer_of, has_answer),
+        answer_wall_ns=pick("wall_ns", answer_of, has_answer),
+        answer_mono_ns=pick("mono_ns", answer_of, has_answer),
+        skipped=pc.if_else(req_mask, pa.array(skipped[out]), pa.nulls(len(out), pa.bool_())),
+        overtaken_seq=pick("seq", first, skipped),
+        overtaken_wall_ns=pick("wall_ns", first, skipped),
+        overtaken_cid=pick("cid", first_request, skipped),
+        overtaken_api_key=pick("api_key", first_request, skipped),
+        overtaken_client_correlation_id=pick("client_correlation_id", first_request, skipped),
+        previous_request_cid=pick("cid", previous, previous >= 0),
+    )
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in PAIRS_SCHEMA], schema=PAIRS_SCHEMA)

@@ -126,21 +126,25 @@ def with_acks(table: pa.Table) -> pa.Table:
     return table.append_column("acks", pa.array(acks, pa.int16(), mask=acks == UNKNOWN))
 
 
+_MATCHED = [*(c for c in INPUT_COLUMNS if c not in ("cid", "expects")), "source", "acks"]
+"""The columns a side's frames need for :func:`_match_input` (only these are filtered)."""
+
+
 def _side(table: pa.Table, side: str, id_column: str) -> pa.Table:
-    frames = table.filter(
-        pc.fill_null(
-            pc.and_(
-                pc.and_(pc.equal(table.column("kind"), "frame"), pc.equal(table.column("side"), side)),
-                pc.is_valid(table.column(id_column)),
-            ),
-            False,
-        )
+    chosen = pc.and_(
+        pc.and_(pc.equal(table.column("kind"), "frame"), pc.equal(table.column("side"), side)),
+        pc.is_valid(table.column(id_column)),
     )
     if side == "upstream":
-        frames = frames.filter(pc.equal(frames.column("source"), "proxy"))
+        chosen = pc.and_(chosen, pc.equal(table.column("source"), "proxy"))
+    frames = table.select(_MATCHED).filter(pc.fill_null(chosen, False))
+    sources = pc.unique(frames.column("source")).to_pylist()
     parts = [TRANSACTIONS_SCHEMA.empty_table()]
-    for source in pc.unique(frames.column("source")).to_pylist():
-        one = _match_input(frames.filter(pc.equal(frames.column("source"), source)), id_column)
+    for source in sources:
+        alone = len(sources) == 1 and source is not None  # then every frame is of this source
+        one = _match_input(
+            frames if alone else frames.filter(pc.equal(frames.column("source"), source)), id_column
+        )
         if side == "upstream" and answers_in_order(one):  # the upstream check would read nothing
             continue
         pairs = match(one)
@@ -241,7 +245,9 @@ def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
     return pa.table({**columns, "cid": frames.column(id_column), "expects": expects}).select(INPUT_COLUMNS)
 
 
-def _conform(table: pa.Table, schema: pa.Schema = TRANSACTIONS_SCHEMA, **constants: str | None) -> pa.Table:
+def _conform(
+    table: pa.Table, schema: pa.Schema = TRANSACTIONS_SCHEMA, /, **constants: str | None
+) -> pa.Table:
     n = table.num_rows
     arrays = []
     for field in schema:

@@ -5,15 +5,20 @@ per-file index, rows per connection: the capture writer records it in the captur
 summary (``connections``), and for files it does not cover (older captures, imports, a
 file still being written) it is read from the ``connection_id`` and ``capture_id``
 columns of each file, memory-mapped (only those two columns' pages are touched, and only
-up to the file's last whole batch, so a file still being written is safe to read). The
-connections are then dealt out largest first, each to the partition with the fewest rows so
-far (the classic greedy bound: no partition exceeds the mean by more than the largest
-connection).
+up to the file's last whole batch, so a file still being written is safe to read).
+
+The connections are then put in the order of the first file that holds them and cut into
+runs of about equal rows: each cut at the connection boundary nearest to its share of the
+rows, so no partition exceeds the mean by more than the largest connection. A partition
+reads every file that holds one of its connections, and a run of connections in file order
+lives in few files: with rotated files and short-lived connections, the partitions together
+read each file about once, not once each.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +87,8 @@ class Assignment:
 
 
 def assign(index: FileIndex, partitions: int) -> list[Assignment]:
-    """Whole connections dealt into at most ``partitions`` partitions by rows (none empty)."""
+    """Whole connections cut into at most ``partitions`` runs of about equal rows, in the
+    order of the files that hold them (none empty)."""
     totals: dict[str, int] = {}
     where: dict[str, list[str]] = {}
     for file, counts in index.items():
@@ -92,17 +98,22 @@ def assign(index: FileIndex, partitions: int) -> list[Assignment]:
     if not totals:
         return []
     count = max(1, min(partitions, len(totals)))
-    heap = [(0, i) for i in range(count)]
-    members: list[list[str]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for key in sorted(totals, key=lambda k: (-totals[k], k)):
-        load, i = heapq.heappop(heap)
-        members[i].append(key)
-        loads[i] = load + totals[key]
-        heapq.heappush(heap, (loads[i], i))
-    order = list(index)
+    position = {file: i for i, file in enumerate(index)}
+    keys = sorted(totals, key=lambda k: (position[where[k][0]], k))
+    ends = list(itertools.accumulate(totals[k] for k in keys))
+    cuts = [0]
+    for share in (ends[-1] * i / count for i in range(1, count)):
+        at = bisect.bisect_left(ends, share)  # the first connection whose end reaches the share
+        before = ends[at - 1] if at else 0
+        cuts.append(max(cuts[-1], at + 1 if ends[at] - share <= share - before else at))
+    cuts.append(len(keys))
     out = []
-    for keys, rows in zip(members, loads, strict=True):
-        held = {file for key in keys for file in where[key]}
-        out.append(Assignment(tuple(sorted(keys)), tuple(f for f in order if f in held), rows))
+    order = list(index)
+    for lo, hi in itertools.pairwise(cuts):
+        if lo == hi:
+            continue
+        run = keys[lo:hi]
+        held = {file for key in run for file in where[key]}
+        rows = sum(totals[key] for key in run)
+        out.append(Assignment(tuple(sorted(run)), tuple(f for f in order if f in held), rows))
     return out

@@ -7,10 +7,13 @@ import random
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from corrfix.capture.format import Source, schema_for
+from spark_audit import AuditOptions, run_audit
 from spark_audit.connections import (
+    TABLE_COLUMN,
     TRANSACTIONS_SOURCE,
     TransactionsDataSource,
     facts_of,
@@ -88,17 +91,23 @@ def test_the_index_counts_every_row_per_file_and_connection(capture, rows):
     }
 
 
-@pytest.mark.parametrize("partitions", [1, 4])
-@pytest.mark.parametrize("table", ["transactions", "facts"])
-def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, partitions, table):
+def _read(spark, capture, partitions, table, **options):
     spark.dataSource.register(TransactionsDataSource)
-    df = (
+    reader = (
         spark.read.format(TRANSACTIONS_SOURCE)
         .option("partitions", str(partitions))
         .option("min_partition_rows", "1")
         .option("table", table)
-        .load(str(capture))
     )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load(str(capture))
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+@pytest.mark.parametrize("table", ["transactions", "facts"])
+def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, partitions, table):
+    df = _read(spark, capture, partitions, table)
     assert df.rdd.getNumPartitions() == partitions
     by_shuffle = transactions_of if table == "transactions" else facts_of
     expected = by_shuffle(capture_df(spark, rows))
@@ -106,6 +115,29 @@ def test_the_data_source_gives_what_the_shuffle_gives(spark, capture, rows, part
     assertDataFrameEqual(df, expected)
 
 
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_one_read_gives_the_audit_table_and_the_facts_as_their_own_reads(spark, capture, rows, partitions):
+    both = _read(spark, capture, partitions, "audit_and_facts", sum_plain_sends="true")
+    audit = _read(spark, capture, partitions, "audit")
+    facts = _read(spark, capture, partitions, "facts", sum_plain_sends="true")
+    assert audit.count() > CONNECTIONS and facts.filter(F.col("kind") == "batch_sends").count() > 0
+    for name, table in (("audit", audit), ("facts", facts)):
+        assertDataFrameEqual(both.filter(F.col(TABLE_COLUMN) == name).select(*table.columns), table)
+    assert both.count() == audit.count() + facts.count()
+
+
 @pytest.mark.parametrize("load", [load_transactions, load_facts])
 def test_the_job_loads_either_way(spark, capture, load):
     assertDataFrameEqual(load(spark, str(capture)), load(spark, str(capture), via="binaryfile"))
+
+
+def test_the_audit_reports_the_same_either_way(spark, capture):
+    """The fallback's one shuffle gives the audit table and the facts as the Data Source does
+    (per partition rows differ: the report does not)."""
+    reports = [
+        run_audit(spark, AuditOptions(path=str(capture), via=via)) for via in ("datasource", "binaryfile")
+    ]
+    for report in reports:
+        del report["elapsed_s"], report["options"]["via"]
+    assert reports[0]["summary"]["findings"] > 0 and reports[0]["decode"]["facts"]
+    assert reports[0] == reports[1]

@@ -35,6 +35,18 @@ def test_every_connection_lands_whole_in_one_partition_with_its_files(index, par
         assert max(part.rows for part in plan) <= mean + biggest  # the greedy bound
 
 
+@given(
+    sizes=st.lists(st.lists(st.integers(1, 1000), min_size=1, max_size=8), min_size=1, max_size=8),
+    partitions=st.integers(1, 6),
+)
+def test_connections_that_live_in_one_file_each_have_their_file_read_about_once(sizes, partitions):
+    """Rotated files of short-lived connections: the partitions' files are runs in file order
+    that meet at most at one file, not every file for every partition."""
+    index = {f"f{i}": {f"cap\x00f{i}-c{j}": n for j, n in enumerate(row)} for i, row in enumerate(sizes)}
+    plan = assign(index, partitions)
+    assert sum(len(part.files) for part in plan) <= len(index) + len(plan) - 1
+
+
 def test_an_empty_index_plans_nothing():
     assert assign({}, 4) == []
 
