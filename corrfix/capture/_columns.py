@@ -122,7 +122,13 @@ class RowChunk:
         if not shared:
             return None
         rows, holders = np.array(shared, np.int64).T
-        others = rows + holders - np.frombuffer(self.records, _DTYPE)["seq"][rows]
+        seq = np.frombuffer(self.records, _DTYPE)["seq"]
+        others = rows + holders - seq[rows]
+        inside = (others >= 0) & (others < self.rows)
+        inside[inside] = seq[others[inside]] == holders[inside]
+        rows, others = rows[inside], others[inside]
+        if not len(rows):
+            return None
         return np.minimum(rows, others), np.maximum(rows, others)
 
     def frame_bytes(self) -> np.ndarray:
@@ -192,7 +198,12 @@ class RowColumns:
                 rows, frames, size = rows[:fit], frames[:fit], 0
                 for frame in frames:
                     size += ROW_OVERHEAD + (0 if frame is None else len(frame))
-                extras = [(i, extra) for i, extra in extras if i < fit]
+                # A row naming a row not queued (frame_seq) keeps its head alone.
+                extras = [
+                    (i, extra)
+                    for i, extra in extras
+                    if i < fit and (extra[6] is None or i + extra[6] - rows[i][0] < fit)
+                ]
             wake = self._queue(connection, rows, frames, extras, size) if rows else False
         if dropped:
             self._maybe_warn()

@@ -35,13 +35,21 @@ from corrfix.capture._columns import (
 from corrfix.capture._sasl_v0 import SaslTokens
 from corrfix.capture.format import SHARED_HEAD, SHARED_MIN
 from corrfix.core import Event, Forwarded, Received, RepairEvent, RepairKind, Sent
-from protocol import ApiKey, ProtocolError, is_sasl_v0_handshake, parse_request_header, response_body_offset
+from protocol import (
+    ApiKey,
+    ProtocolError,
+    is_sasl_v0_handshake,
+    parse_request_header,
+    produce_acks,
+    response_body_offset,
+)
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
-_SASL_AUTHENTICATE, _SASL_HANDSHAKE, _API_VERSIONS = (
+_SASL_AUTHENTICATE, _SASL_HANDSHAKE, _API_VERSIONS, _PRODUCE = (
     ApiKey.SASL_AUTHENTICATE,
     ApiKey.SASL_HANDSHAKE,
     ApiKey.API_VERSIONS,
+    ApiKey.PRODUCE,
 )
 _REQUEUE, _PROBE_SENT = RepairKind.REQUEUE, RepairKind.PROBE_SENT
 
@@ -251,7 +259,7 @@ class Recorder:
         )
         stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
         self._frames.append(stored)
-        if len(stored) >= SHARED_MIN and upstream_cid != NULL:
+        if len(stored) >= SHARED_MIN and upstream_cid != NULL and _head_is_enough(stored, api_key):
             self._requests_in[upstream_cid] = (len(self._rows) - 1, stored)
         if api_key == _SASL_HANDSHAKE and is_sasl_v0_handshake(api_key, api_version):
             conn.sasl = conn.sasl or SaslTokens()
@@ -360,6 +368,22 @@ class Recorder:
         rows, frames, extras = self._rows, self._frames, self._extras
         self._rows, self._frames, self._extras = [], [], []
         self._columns.extend(connection, rows, frames, extras)
+
+
+def _head_is_enough(frame: bytes | memoryview, api_key: int) -> bool:
+    """Whether a request's first :data:`SHARED_HEAD` bytes hold what readers take from a
+    client row's head: the whole header and, for Produce, the acks (a long client id or
+    transactional id can push them past it; then the frame is not shared)."""
+    head = memoryview(frame)[:SHARED_HEAD]
+    try:
+        header = parse_request_header(head)
+        if header.body_offset is None:
+            return False
+        if api_key == _PRODUCE:
+            produce_acks(head, header)
+    except (ProtocolError, ValueError, struct.error):
+        return False
+    return True
 
 
 def _same_after_head(sent: bytes | bytearray, received: bytes | memoryview, stored: int) -> bool:

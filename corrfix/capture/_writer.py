@@ -232,7 +232,7 @@ class CaptureWriter:
                 within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
                 stop = start + max(1, within)
             if spans is not None:
-                stop = keep_together(start, stop, *spans)
+                stop = min(chunk.rows, keep_together(start, stop, *spans))
             try:
                 part = batch.slice(start, stop - start)
                 self._files.write(part)

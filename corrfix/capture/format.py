@@ -142,14 +142,14 @@ def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 def read_capture(path: Path) -> pa.Table:
     """All rows of a capture directory as one table with :data:`CAPTURE_SCHEMA`, every
-    frame whole (:func:`with_shared_frames`).
+    frame whole (:func:`whole_frames`, batch by batch).
 
     Columns a newer writer added at the end (same schema version) are left out, and
     columns an older version did not have are null."""
-    batches = [_conform(batch) for batch in iter_batches(path)]
+    batches = [whole_frames(_conform(batch)) for batch in iter_batches(path)]
     if not batches:
         return CAPTURE_SCHEMA.empty_table()
-    return with_shared_frames(pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA))
+    return pa.Table.from_batches(batches).cast(CAPTURE_SCHEMA)
 
 
 def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -162,45 +162,76 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def with_shared_frames(table: pa.Table) -> pa.Table:
-    """``table`` with the frame of every row that shares another row's bytes made whole:
-    its own head, then the named row's bytes after it. A row whose named row is not in the
-    table (lost, or filtered out) keeps its head alone, like a frame cut by the snap length."""
+    """``table`` with every frame whole: :func:`whole_frames` on each of its record batches
+    (a row and the row holding the rest of its frame are written in one batch)."""
     if "frame_seq" not in table.column_names or "frame" not in table.column_names:
         return table
-    shared = pc.is_valid(table.column("frame_seq"))
-    if not pc.any(shared).as_py():
-        return table
-    n = table.num_rows
-    row = pa.array(np.arange(n, dtype=np.int64))
-    key = ["capture_id", "connection_id", "seq"]
-    wanted = (
-        table.select(["capture_id", "connection_id", "frame_seq"])
-        .append_column("_row", row)
-        .filter(shared)
-        .rename_columns([*key, "_row"])
-    )
-    holders = table.select(key).append_column("_holder", row)
-    joined = wanted.join(holders, key, join_type="left outer").sort_by("_row")
-    rows = joined.column("_row").to_numpy()
-    frame = table.column("frame")
+    return pa.Table.from_batches([whole_frames(batch) for batch in table.to_batches()], table.schema)
+
+
+def whole_frames(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with the frame of every row that shares another row's bytes made whole: its
+    own head, then the bytes of the row it names after that head. The named row must be in
+    this batch, of the same capture and connection; a row whose named row is not (lost, or
+    filtered out) keeps its head alone, like a frame cut by the snap length."""
+    names = batch.schema.names
+    if "frame_seq" not in names or "frame" not in names or batch.num_rows == 0:
+        return batch
+    named = batch.column("frame_seq")
+    if named.null_count == len(named):
+        return batch
+    rows = np.flatnonzero(named.is_valid().to_numpy(zero_copy_only=False))
+    seq = batch.column("seq").to_numpy(zero_copy_only=False)
+    holder_seq = pc.fill_null(named, 0).to_numpy(zero_copy_only=False)[rows].astype(np.int64)
+    # As written, a pair is within the rows of one connection that have consecutive seqs.
+    holders = rows + (holder_seq - seq[rows])
+    inside = (holders >= 0) & (holders < batch.num_rows)
+    holders = np.where(inside, holders, 0)
+    found = inside & (seq[holders] == holder_seq)
+    for column in ("capture_id", "connection_id"):
+        if column in names:
+            values = batch.column(column)
+            found &= pc.equal(values.take(pa.array(rows)), values.take(pa.array(holders))).to_numpy(
+                zero_copy_only=False
+            )
+    missing = ~found
+    if missing.any():  # rows reordered since they were written: look their holders up by key
+        holders[missing], found[missing] = _holders_by_key(batch, rows[missing], holder_seq[missing])
+    frame = batch.column("frame")
     heads = frame.take(pa.array(rows))
-    holder = joined.column("_holder")
-    rest = pc.binary_slice(frame.take(pc.fill_null(holder, 0)), SHARED_HEAD, MAX_FRAME)
-    whole = pc.if_else(pc.is_valid(holder), pc.binary_join_element_wise(heads, rest, b""), heads)
-    mask = np.zeros(n, np.bool_)
+    rest = pc.binary_slice(frame.take(pa.array(holders)), SHARED_HEAD, MAX_FRAME)
+    joined = pc.binary_join_element_wise(heads, rest, b"")
+    whole = pc.if_else(pa.array(found & pc.is_valid(heads).to_numpy(zero_copy_only=False)), joined, heads)
+    mask = np.zeros(batch.num_rows, np.bool_)
     mask[rows] = True
-    chunks, start, done = [], 0, 0
-    for chunk in frame.chunks:  # chunk by chunk: one chunk of a large capture could overflow
-        stop = start + len(chunk)
-        count = int(np.count_nonzero(mask[start:stop]))
-        if count:
-            part = whole.slice(done, count).combine_chunks()
-            chunk = pc.replace_with_mask(chunk, pa.array(mask[start:stop]), part)
-            done += count
-        chunks.append(chunk)
-        start = stop
-    merged = pa.chunked_array(chunks, frame.type)
-    return table.set_column(table.schema.get_field_index("frame"), table.schema.field("frame"), merged)
+    merged = pc.replace_with_mask(frame, pa.array(mask), whole)
+    return batch.set_column(names.index("frame"), batch.schema.field("frame"), merged)
+
+
+def _holders_by_key(
+    batch: pa.RecordBatch, rows: np.ndarray, holder_seq: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the rows named by ``rows`` are, by (capture id, connection id, seq); the first
+    of several rows with one key (a file read twice)."""
+    names = batch.schema.names
+    key = [name for name in ("capture_id", "connection_id") if name in names]
+    index = pa.array(np.arange(batch.num_rows, dtype=np.int64))
+    holders = (
+        pa.table({**{name: batch.column(name) for name in key}, "seq": batch.column("seq"), "_holder": index})
+        .group_by([*key, "seq"], use_threads=False)
+        .aggregate([("_holder", "min")])
+    )
+    wanted = pa.table(
+        {
+            **{name: batch.column(name).take(pa.array(rows)) for name in key},
+            "seq": pa.array(holder_seq, pa.int64()),
+            "_row": pa.array(np.arange(len(rows), dtype=np.int64)),
+        }
+    )
+    joined = wanted.join(holders, [*key, "seq"], join_type="left outer", use_threads=False).sort_by("_row")
+    holder = joined.column("_holder_min")
+    found = holder.is_valid().to_numpy(zero_copy_only=False)
+    return pc.fill_null(holder, 0).to_numpy(zero_copy_only=False).astype(np.int64), found
 
 
 MAX_FRAME = (1 << 31) - 1

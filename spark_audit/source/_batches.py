@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc
 
-from corrfix.capture.format import SCHEMA_VERSION, VERSION_KEY, CaptureFormatError
+from corrfix.capture.format import SCHEMA_VERSION, VERSION_KEY, CaptureFormatError, whole_frames
 
 
 def _is_in(batch: pa.RecordBatch, column: str, values: frozenset) -> pa.Array:
@@ -181,10 +181,13 @@ def stream_batches(source: pa.NativeFile | pa.Buffer, name: str) -> Iterator[pa.
 def shape(
     batch: pa.RecordBatch, target: pa.Schema, rows: RowFilter, trim: FrameTrim | None = None
 ) -> pa.RecordBatch | None:
-    """Filter rows, trim frames, then select and cast columns by name to exactly ``target``.
+    """Make frames whole (capture format 2 stores a forwarded frame once), filter rows, trim
+    frames, then select and cast columns by name to exactly ``target``.
 
-    Columns a newer writer appended are dropped; none of the contract's are ever missing
-    in version 1, but a missing nullable one would be filled with nulls."""
+    Columns a newer writer appended are dropped; a column an older version did not have
+    (``frame_seq`` in version 1) is filled with nulls."""
+    if "frame" in target.names:  # frames whole before rows are filtered: a pair is in one batch
+        batch = whole_frames(batch)
     batch = rows.apply(batch)
     if batch.num_rows == 0:
         return None

@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from corrfix.capture import iter_batches
-from corrfix.capture.format import CAPTURE_ID_KEY, RowKind, with_shared_frames
+from corrfix.capture.format import CAPTURE_ID_KEY, RowKind, whole_frames
 from corrfix.capture.pcap._pcapng_blocks import PcapngWriter
 from corrfix.capture.pcap._synthetic_tcp import Endpoint, TcpConnection
 from protocol import api_name
@@ -64,11 +62,9 @@ def _rows(path: Path, columns: list[str] | None = None) -> Iterator[tuple[str, d
     """(capture id, row) of every row, in file order."""
     for batch in iter_batches(path):
         capture_id = (batch.schema.metadata or {}).get(CAPTURE_ID_KEY, b"").decode()
-        if columns is not None:
-            rows = batch.select(columns).to_pylist()
-        else:  # every frame whole: a row sharing another's bytes is in the same batch
-            rows = with_shared_frames(pa.Table.from_batches([batch])).to_pylist()
-        for row in rows:
+        # Every frame whole: a row sharing another's bytes is in the same batch.
+        chosen = batch.select(columns) if columns is not None else whole_frames(batch)
+        for row in chosen.to_pylist():
             yield capture_id, row
 
 

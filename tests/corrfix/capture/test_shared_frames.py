@@ -181,3 +181,62 @@ def test_a_newer_schema_version_is_refused(tmp_path):
         pass
     with pytest.raises(ValueError, match="schema version 99"):
         read_capture(tmp_path)
+
+
+def test_a_capture_file_read_twice_still_gives_each_row_its_own_frame(tmp_path):
+    requests = [padded(request_frame(ApiKey.METADATA, cid, cid), 3000) for cid in (1, 2, 3)]
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer)
+    shell.open()
+    shell.client_sends(*requests)
+    shell.broker_answers(*(padded(response_frame(i, i), 2000) for i in range(3)))
+    shell.close()
+    writer.close()
+    (tmp_path / "backup").mkdir()
+    for file in tmp_path.glob(f"*{FILE_SUFFIX}"):
+        (tmp_path / "backup" / file.name).write_bytes(file.read_bytes())
+
+    rows = read_capture(tmp_path).to_pylist()
+    assert [r["frame"] for r in frame_rows(rows, "client", "request")] == requests * 2
+    assert [r["frame"] for r in frame_rows(rows, "client", "response")] == shell.delivered * 2
+    # Concatenated, with one key twice in a batch and the rows out of their written order.
+    table = pa.Table.from_batches(list(iter_batches(tmp_path))).combine_chunks().sort_by("seq")
+    whole = with_shared_frames(table).to_pylist()
+    assert sorted(r["frame"] for r in frame_rows(whole, "client", "request")) == sorted(requests * 2)
+
+
+def test_a_produce_request_whose_acks_lie_past_the_head_keeps_its_own_bytes(tmp_path):
+    def produce(correlation_id: int, client_id: bytes) -> bytes:
+        header = (0).to_bytes(2, "big") + (3).to_bytes(2, "big") + correlation_id.to_bytes(4, "big")
+        header += len(client_id).to_bytes(2, "big") + client_id
+        body = (
+            b"\xff\xff" + (0).to_bytes(2, "big", signed=True) + bytes(3000)
+        )  # null transactional id, acks=0
+        return len(header + body).to_bytes(4, "big") + header + body
+
+    short, long = produce(1, b"c" * 10), produce(2, b"c" * 600)
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer)
+    shell.open()
+    shell.client_sends(short, long)
+    shell.close()
+    writer.close()
+    stored = frame_rows(stored_rows(tmp_path), "client", "request")
+    assert stored[0]["frame_seq"] is not None and len(stored[0]["frame"]) == SHARED_HEAD
+    assert stored[1]["frame_seq"] is None and stored[1]["frame"] == long
+    assert [r["frame"] for r in frame_rows(read_capture(tmp_path).to_pylist(), "client", "request")] == [
+        short,
+        long,
+    ]
+
+
+def test_a_client_row_whose_upstream_row_did_not_fit_the_queue_names_nothing(tmp_path):
+    writer = CaptureWriter(tmp_path, queue_bytes=1100, flush_seconds=60.0).start()
+    shell = Shell(writer)
+    shell.client_sends(padded(request_frame(ApiKey.METADATA, 7, 7), 2000))
+    writer.close()
+    stored = stored_rows(tmp_path)
+    frames = [r for r in stored if r["kind"] == "frame"]
+    assert [(r["side"], r["direction"]) for r in frames] == [("client", "request")]
+    assert frames[0]["frame_seq"] is None and len(frames[0]["frame"]) == SHARED_HEAD
+    assert writer.stats.rows_written == len(stored) and writer.stats.rows_lost == 1

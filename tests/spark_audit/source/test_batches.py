@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from corrfix.capture.format import CAPTURE_SCHEMA
 from spark_audit.source import FrameTrim, RowFilter
+from spark_audit.source._batches import shape
 from tests.support.audit_builders import row
 
 
@@ -40,3 +41,15 @@ def test_frame_trim_keeps_the_head_of_chosen_frames_only():
     assert FrameTrim.from_options(trim.options()) == trim
     frames = trim.apply(batch(ROWS)).column("frame").to_pylist()
     assert frames == [None, b"client", b"upstre", None, b"wire-r", None]
+
+
+def test_a_client_frame_stored_once_comes_back_whole_even_when_its_upstream_row_is_filtered_out():
+    upstream = b"\x00\x00\x0b\xb4" + bytes(range(256)) * 12  # 3,076 bytes
+    head = b"\x00\x00\x0b\xb4" + b"h" * 508
+    rows = [
+        row("c", 1, side="client", direction="request", api_key=0, frame=head, frame_seq=2),
+        row("c", 2, side="upstream", direction="request", api_key=0, frame=upstream),
+    ]
+    kept = shape(batch(rows), CAPTURE_SCHEMA, RowFilter(sides=frozenset({"client"})))
+    assert kept is not None
+    assert kept.column("frame").to_pylist() == [head + upstream[512:]]
