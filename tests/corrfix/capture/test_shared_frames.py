@@ -22,6 +22,7 @@ from corrfix.capture.format import (
     VERSION_KEY,
     Source,
     schema_for,
+    whole_frames,
     with_shared_frames,
 )
 from protocol import ApiKey
@@ -240,3 +241,41 @@ def test_a_client_row_whose_upstream_row_did_not_fit_the_queue_names_nothing(tmp
     assert [(r["side"], r["direction"]) for r in frames] == [("client", "request")]
     assert frames[0]["frame_seq"] is None and len(frames[0]["frame"]) == SHARED_HEAD
     assert writer.stats.rows_written == len(stored) and writer.stats.rows_lost == 1
+
+
+@given(
+    pairs=st.lists(st.tuples(st.sampled_from(["c1", "c2", "c3"]), st.booleans(), st.booleans()), max_size=8),
+    order=st.randoms(use_true_random=False),
+    twice=st.booleans(),
+    shuffle=st.booleans(),
+)
+def test_whole_frames_joins_every_head_to_its_holder_in_any_row_order(pairs, order, twice, shuffle):
+    """Against a dictionary lookup: rows as written, read twice, reordered, holders lost."""
+    base = dict.fromkeys(CAPTURE_SCHEMA.names)
+    base.update(capture_id="x", source="proxy", kind="frame", wall_ns=1, mono_ns=1)
+    rows, expected, seqs = [], [], {"c1": 0, "c2": 0, "c3": 0}
+    for number, (connection, forward, lost) in enumerate(pairs):
+        head = bytes([number]) * SHARED_HEAD
+        holder = bytes([100 + number]) * (SHARED_HEAD + 50 + number)
+        first = seqs[connection]
+        seqs[connection] += 2
+        head_seq, holder_seq = (first, first + 1) if forward else (first + 1, first)
+        client = {
+            **base,
+            "connection_id": connection,
+            "seq": head_seq,
+            "frame": head,
+            "frame_seq": holder_seq,
+        }
+        upstream = {**base, "connection_id": connection, "seq": holder_seq, "frame": holder}
+        written = [client] if lost else ([client, upstream] if forward else [upstream, client])
+        rows += written
+        whole = head if lost else head + holder[SHARED_HEAD:]
+        expected += [(connection, head_seq, whole)] + ([] if lost else [(connection, holder_seq, holder)])
+    if twice:
+        rows, expected = rows + rows, expected + expected
+    if shuffle:
+        order.shuffle(rows)
+    batch = pa.RecordBatch.from_pylist(rows, schema=CAPTURE_SCHEMA)
+    got = [(r["connection_id"], r["seq"], r["frame"]) for r in whole_frames(batch).to_pylist()]
+    assert sorted(got) == sorted(expected)
