@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc  # here, not on the first batch: its import takes a third of a second
 import structlog
 
-from corrfix.capture.format import Direction, RowKind, Side
+from corrfix.capture.format import BINARY_MAX_BYTES, Direction, RowKind, Side
 
 log = structlog.get_logger("corrfix.capture")
 
@@ -39,8 +39,8 @@ WARNING_INTERVAL = 10.0
 """At most one "rows lost" warning per this many seconds."""
 NULL = -(1 << 62)
 """An integer field that is null (every nullable column is narrower than 63 bits)."""
-MAX_FRAME_BYTES = (1 << 31) - 1
-"""Frame bytes one swap may hold: Arrow's ``binary`` has 32-bit offsets."""
+MAX_FRAME_BYTES = BINARY_MAX_BYTES
+"""Frame bytes one swap may hold: they become one Arrow ``binary`` array."""
 
 # What a row is: its kind, side and direction in one code, the index into these tables.
 SHAPES: tuple[tuple[RowKind, Side | None, Direction | None], ...] = (
@@ -91,6 +91,8 @@ _EXTRA_COLUMNS = (
     "new_upstream_correlation_id",
     "frame_seq",
 )
+_FRAME_SEQ = _EXTRA_COLUMNS.index("frame_seq")
+"""Where ``frame_seq`` is in an :data:`Extra` (one further on in a queued extra, after its row)."""
 
 
 @dataclass
@@ -118,7 +120,8 @@ class RowChunk:
         """First and last row of each pair of rows sharing frame bytes (None: no such pair).
         The rows of one ``extend`` are consecutive, with consecutive ``seq``, and a pair is
         always within one, so the other row is as far away in the chunk as in ``seq``."""
-        shared = [(extra[0], extra[7]) for extra in self.extras if extra[7] is not None]
+        at = _FRAME_SEQ + 1
+        shared = [(extra[0], extra[at]) for extra in self.extras if extra[at] is not None]
         if not shared:
             return None
         rows, holders = np.array(shared, np.int64).T
@@ -202,7 +205,7 @@ class RowColumns:
                 extras = [
                     (i, extra)
                     for i, extra in extras
-                    if i < fit and (extra[6] is None or i + extra[6] - rows[i][0] < fit)
+                    if i < fit and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - rows[i][0] < fit)
                 ]
             wake = self._queue(connection, rows, frames, extras, size) if rows else False
         if dropped:

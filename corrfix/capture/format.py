@@ -96,6 +96,9 @@ SHARED_HEAD = 512
 """Bytes a client-side frame row keeps of its own frame when the upstream row of the same
 frame holds the rest: its header, with the client's correlation id, and the start of the
 body (a Produce request's acks)."""
+BINARY_MAX_BYTES = (1 << 31) - 1
+"""The most bytes one Arrow ``binary`` array holds (32-bit offsets): more than any frame's
+stored bytes."""
 SHARED_MIN = 1024
 """Frames are shared only from this many stored bytes on: below it a reference saves less
 than it costs."""
@@ -199,9 +202,9 @@ def whole_frames(batch: pa.RecordBatch) -> pa.RecordBatch:
         holders[missing], found[missing] = _holders_by_key(batch, rows[missing], holder_seq[missing])
     frame = batch.column("frame")
     heads = frame.take(pa.array(rows))
-    rest = pc.binary_slice(frame.take(pa.array(holders)), SHARED_HEAD, MAX_FRAME)
+    rest = pc.binary_slice(frame.take(pa.array(holders)), SHARED_HEAD, BINARY_MAX_BYTES)
     joined = pc.binary_join_element_wise(heads, rest, b"")
-    whole = pc.if_else(pa.array(found & pc.is_valid(heads).to_numpy(zero_copy_only=False)), joined, heads)
+    whole = pc.if_else(pa.array(found), joined, heads)
     mask = np.zeros(batch.num_rows, np.bool_)
     mask[rows] = True
     merged = pc.replace_with_mask(frame, pa.array(mask), whole)
@@ -232,10 +235,6 @@ def _holders_by_key(
     holder = joined.column("_holder_min")
     found = holder.is_valid().to_numpy(zero_copy_only=False)
     return pc.fill_null(holder, 0).to_numpy(zero_copy_only=False).astype(np.int64), found
-
-
-MAX_FRAME = (1 << 31) - 1
-"""Larger than any frame's stored bytes (Arrow ``binary`` has 32-bit offsets)."""
 
 
 def _check_schema(file: Path, schema: pa.Schema) -> None:

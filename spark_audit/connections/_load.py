@@ -213,9 +213,9 @@ def load_audit_input(
 ) -> tuple[DataFrame, DataFrame | None, list[DataFrame]]:
     """What the audit reads: the audit table (:func:`load_audit`), the facts with the plain
     sends summed (None without ``with_facts``), and the DataFrames to cache for both. With
-    the facts, both are views of one read, cached once. A
-    small local capture is a local relation, and nothing to cache: its rows are already in
-    the driver's memory, and a cache would cost a job to build."""
+    the facts, both are views of one read, cached once. A small local capture is a local
+    relation, and nothing to cache: its rows are already in the driver's memory, and a
+    cache would cost a job to build."""
     on_driver = not _by_fallback(path, via) and _small(spark, path)
     read = load_audit(spark, path, via, window_s, slow_min_ms, with_facts)
     audit, facts = _views(read) if with_facts else (read, None)
