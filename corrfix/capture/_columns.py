@@ -1,9 +1,10 @@
 """Capture rows held column by column between the relay and the writer thread, bounded.
 
-The relay's thread appends each row as one fixed-width record (the numbers: sequence,
-times, ids, lengths, where its frame copy ends) packed by one ``struct`` call, and the
-frame's bytes up to the snap length into one buffer: one copy per frame, no object per
-row. The few values only some rows have (addresses, repair event, reason, attempt, a
+The recorder packs each row as one fixed-width record (the numbers: sequence, times, ids,
+lengths, the size of its frame copy) with one ``struct`` call, into one ``bytearray`` per
+call; the queue appends those records whole and the frames' bytes, up to the snap length,
+into one buffer: one copy per frame (small frames joined first), no object per row, and
+the connection once per call. The few values only some rows have (addresses, repair event, reason, attempt, a
 re-send's id, the row whose frame bytes a row shares) go to a short side list. The
 writer thread swaps the buffers out under a lock held for that swap alone, and
 :func:`record_batch` turns them into an Arrow record batch with numpy and
@@ -41,6 +42,9 @@ NULL = -(1 << 62)
 """An integer field that is null (every nullable column is narrower than 63 bits)."""
 MAX_FRAME_BYTES = BINARY_MAX_BYTES
 """Frame bytes one swap may hold: they become one Arrow ``binary`` array."""
+_JOIN_BELOW = 64 * 1024
+"""Frames of one call up to this many bytes in all are joined and copied in one call
+(joining copies them once more, which costs less than a Python step per small frame)."""
 
 # What a row is: its kind, side and direction in one code, the index into these tables.
 SHAPES: tuple[tuple[RowKind, Side | None, Direction | None], ...] = (
@@ -55,9 +59,16 @@ SHAPES: tuple[tuple[RowKind, Side | None, Direction | None], ...] = (
 CLIENT_REQUEST, UPSTREAM_REQUEST, UPSTREAM_RESPONSE, CLIENT_RESPONSE, OPEN, CLOSE, REPAIR = range(len(SHAPES))
 _KIND_NAMES = [kind.value for kind, _, _ in SHAPES]
 
-_RECORD = struct.Struct("<qqqqqqqqBqi")
-"""A :data:`Row` (seq, wall_ns, mono_ns, api_key, api_version, client id, upstream id,
-frame_length, shape), then the end of its frame copy (-1: no frame) and its connection's slot."""
+_RECORD = struct.Struct("<qqqqqqqqBq")
+"""One row as the recorder packs it: seq, wall_ns, mono_ns, api_key, api_version, client id,
+upstream id, frame_length, shape, then the bytes of its frame copy (-1: no frame). Integers
+that are null are :data:`NULL`."""
+RECORD_SIZE = _RECORD.size
+pack_row = _RECORD.pack
+"""Pack one row's record (the recorder appends records to a ``bytearray``)."""
+STORED_AT = RECORD_SIZE - 8
+"""Where a record's frame-copy size is, for :data:`STORED` (a row that comes to share its bytes)."""
+STORED = struct.Struct("<q")
 _DTYPE = np.dtype(
     [
         ("seq", "<i8"),
@@ -69,14 +80,10 @@ _DTYPE = np.dtype(
         ("upstream_correlation_id", "<i8"),
         ("frame_length", "<i8"),
         ("shape", "u1"),
-        ("frame_end", "<i8"),
-        ("connection", "<i4"),
+        ("stored", "<i8"),
     ]
 )
-Row = tuple[int, int, int, int, int, int, int, int, int]
-"""seq, wall_ns, mono_ns, api_key, api_version, client id, upstream id, frame_length, shape;
-integers that are null are :data:`NULL`."""
-if _DTYPE.itemsize != _RECORD.size:
+if _DTYPE.itemsize != RECORD_SIZE:
     raise ImportError("capture record layout and dtype disagree")
 
 Extra = tuple[str | None, str | None, str | None, str | None, int | None, int | None, int | None]
@@ -102,19 +109,19 @@ class RowChunk:
     records: bytearray
     frames: memoryview
     connections: list[str]
+    run_slots: list[int]  # each extend's connection (an index into connections) ...
+    run_rows: list[int]  # ... and how many rows it added
     extras: list[tuple[int, *Extra]]  # the row's index first
     rows: int
     buffer: mmap.mmap
 
     def kinds(self, start: int = 0, stop: int | None = None) -> Counter[str]:
         """Rows per kind, for counting lost rows."""
-        shapes = np.frombuffer(self.records, _DTYPE)["shape"][start:stop]
-        counts = np.bincount(shapes, minlength=len(SHAPES))
-        found: Counter[str] = Counter()
-        for shape, count in enumerate(counts.tolist()):
-            if count:
-                found[_KIND_NAMES[shape]] += count
-        return found
+        return _kinds(np.frombuffer(self.records, _DTYPE)["shape"][start:stop])
+
+    def connection_slots(self) -> np.ndarray:
+        """Each row's connection, as an index into ``connections``."""
+        return np.repeat(np.asarray(self.run_slots, np.int32), np.asarray(self.run_rows, np.int64))
 
     def shared_spans(self) -> tuple[np.ndarray, np.ndarray] | None:
         """First and last row of each pair of rows sharing frame bytes (None: no such pair).
@@ -136,10 +143,16 @@ class RowChunk:
 
     def frame_bytes(self) -> np.ndarray:
         """Bytes of frame copy per row."""
-        ends = np.frombuffer(self.records, _DTYPE)["frame_end"]
-        has = ends >= 0
-        starts = np.concatenate(([0], np.maximum.accumulate(np.where(has, ends, 0))[:-1]))
-        return np.where(has, ends - starts, 0)
+        return np.maximum(np.frombuffer(self.records, _DTYPE)["stored"], 0)
+
+
+def _kinds(shapes: np.ndarray) -> Counter[str]:
+    counts = np.bincount(shapes, minlength=len(SHAPES))
+    found: Counter[str] = Counter()
+    for shape, count in enumerate(counts.tolist()):
+        if count:
+            found[_KIND_NAMES[shape]] += count
+    return found
 
 
 class RowColumns:
@@ -160,7 +173,6 @@ class RowColumns:
         self.wake = threading.Event()
         self._lost_since_warning = 0
         self._next_warning = 0.0
-        self._pack = _RECORD.pack
         self._reset()
 
     def _reset(self) -> None:
@@ -171,6 +183,8 @@ class RowColumns:
         self._end = 0
         self._connections: list[str] = []
         self._slots: dict[str, int] = {}
+        self._run_slots: list[int] = []
+        self._run_rows: list[int] = []
         self._extras: list[tuple[int, *Extra]] = []
         self._rows = 0
         self._bytes = 0
@@ -178,58 +192,72 @@ class RowColumns:
     def extend(
         self,
         connection: str,
-        rows: list[Row],
-        frames: list[bytes | bytearray | memoryview | None],
+        records: bytearray,
+        frames: list[bytes | bytearray | memoryview],
         extras: list[tuple[int, Extra]],
     ) -> None:
-        """Rows of one connection, each with the bytes of its frame to keep (already cut to
-        the snap length; None for rows without a frame), and what only some rows have, by
-        their index in ``rows``. One lock and one bound check for them all; when they do not
-        all fit, the first that fit are queued and the others lost."""
-        size = ROW_OVERHEAD * len(rows) + sum(map(len, filter(None, frames)))
+        """Rows of one connection: their records packed by :data:`pack_row`, the bytes of
+        their frames in order (one piece per row whose record has a size of 0 or more,
+        already cut to the snap length), and what only some rows have, by the row's index.
+        One lock and one bound check for them all; when they do not all fit, the first
+        that fit are queued and the others lost."""
+        rows = len(records) // RECORD_SIZE
+        stored = sum(map(len, frames))
+        size = ROW_OVERHEAD * rows + stored
         dropped = False
         with self._lock:
             if (
                 self.closed
-                or self._rows + len(rows) > self.max_rows
+                or self._rows + rows > self.max_rows
                 or self._bytes + size > self.max_bytes
-                or self._end + size > self._capacity
+                or self._end + stored > self._capacity
             ):
-                fit = self._room(frames)
                 dropped = True
-                self._lose(rows[fit:])
-                rows, frames, size = rows[:fit], frames[:fit], 0
-                for frame in frames:
-                    size += ROW_OVERHEAD + (0 if frame is None else len(frame))
-                # A row naming a row not queued (frame_seq) keeps its head alone.
-                extras = [
-                    (i, extra)
-                    for i, extra in extras
-                    if i < fit and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - rows[i][0] < fit)
-                ]
-            wake = self._queue(connection, rows, frames, extras, size) if rows else False
+                records, frames, extras = self._fitting(records, rows, frames, extras)
+                rows = len(records) // RECORD_SIZE
+                stored = sum(map(len, frames))
+                size = ROW_OVERHEAD * rows + stored
+            wake = self._queue(connection, records, rows, frames, stored, extras, size) if rows else False
         if dropped:
             self._maybe_warn()
         if wake and not self.wake.is_set():
             self.wake.set()
 
-    def _room(self, frames: list[bytes | bytearray | memoryview | None]) -> int:
-        """How many of these rows fit."""
-        if self.closed:
-            return 0
-        fit, used = 0, max(self._bytes, self._end)
-        for frame in frames[: max(0, self.max_rows - self._rows)]:
-            used += ROW_OVERHEAD + (0 if frame is None else len(frame))
-            if used > self.max_bytes or used > self._capacity:
-                break
-            fit += 1
-        return fit
+    def _fitting(
+        self,
+        records: bytearray,
+        rows: int,
+        frames: list[bytes | bytearray | memoryview],
+        extras: list[tuple[int, Extra]],
+    ) -> tuple[bytearray, list[bytes | bytearray | memoryview], list[tuple[int, Extra]]]:
+        """The first rows that fit (the lock held); the others are counted as lost."""
+        table = np.frombuffer(records, _DTYPE, rows)
+        copies = np.maximum(table["stored"], 0)
+        fits = (self._bytes + np.cumsum(ROW_OVERHEAD + copies) <= self.max_bytes) & (
+            self._end + np.cumsum(copies) <= self._capacity
+        )
+        fit = (
+            0
+            if self.closed
+            else min(rows if fits.all() else int(fits.argmin()), max(0, self.max_rows - self._rows))
+        )
+        self._lose(_kinds(table["shape"][fit:]), rows - fit)
+        seq = table["seq"]
+        # A row naming a row not queued (frame_seq) keeps its head alone.
+        kept = [
+            (i, extra)
+            for i, extra in extras
+            if i < fit and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - int(seq[i]) < fit)
+        ]
+        return records[: fit * RECORD_SIZE], frames[: int(np.count_nonzero(table["stored"][:fit] >= 0))], kept
 
     def _queue(
         self,
         connection: str,
-        rows: list[Row],
-        frames: list[bytes | bytearray | memoryview | None],
+        records: bytearray,
+        rows: int,
+        frames: list[bytes | bytearray | memoryview],
+        stored: int,
         extras: list[tuple[int, Extra]],
         size: int,
     ) -> bool:
@@ -239,27 +267,29 @@ class RowColumns:
         if slot is None:
             slot = self._slots[connection] = len(self._connections)
             self._connections.append(connection)
-        pack, records, buffer, end = self._pack, self._records, self._frames, self._end
-        for row, frame in zip(rows, frames, strict=True):
-            if frame is None:
-                records += pack(*row, -1, slot)
+        self._run_slots.append(slot)
+        self._run_rows.append(rows)
+        self._records += records
+        if frames:
+            buffer, end = self._frames, self._end
+            if len(frames) > 1 and stored <= _JOIN_BELOW:  # small frames: one copy call
+                buffer[end : end + stored] = b"".join(frames)
             else:
-                start, end = end, end + len(frame)
-                buffer[start:end] = frame
-                records += pack(*row, end, slot)
-        self._end = end
+                for frame in frames:
+                    start, end = end, end + len(frame)
+                    buffer[start:end] = frame
+            self._end += stored
         if extras:
             self._extras += [(count + i, *extra) for i, extra in extras]
-        self._rows = count = count + len(rows)
+        self._rows = count = count + rows
         self._bytes += size
-        self.accepted += len(rows)
+        self.accepted += rows
         return count >= self._wake_rows or self._bytes >= self._wake_bytes
 
-    def _lose(self, rows: list[Row]) -> None:
-        self.lost += len(rows)
-        self._lost_since_warning += len(rows)
-        for row in rows:
-            self.lost_by_kind[_KIND_NAMES[row[8]]] += 1
+    def _lose(self, kinds: Counter[str], rows: int) -> None:
+        self.lost += rows
+        self._lost_since_warning += rows
+        self.lost_by_kind.update(kinds)
 
     def close(self) -> None:
         """From now on every row is dropped (and counted)."""
@@ -270,7 +300,16 @@ class RowColumns:
         """Everything queued; the relay appends to fresh buffers from now on."""
         with self._lock:
             frames = memoryview(self._frames)[: self._end]
-            chunk = RowChunk(self._records, frames, self._connections, self._extras, self._rows, self._frames)
+            chunk = RowChunk(
+                self._records,
+                frames,
+                self._connections,
+                self._run_slots,
+                self._run_rows,
+                self._extras,
+                self._rows,
+                self._frames,
+            )
             self._reset()
         return chunk
 
@@ -287,10 +326,7 @@ class RowColumns:
     def count_lost(self, kinds: Counter[str]) -> None:
         """Rows that were queued but could not be written."""
         with self._lock:
-            for kind, count in kinds.items():
-                self.lost_by_kind[kind] += count
-                self.lost += count
-                self._lost_since_warning += count
+            self._lose(kinds, sum(kinds.values()))
         self._maybe_warn()
 
     def _maybe_warn(self) -> None:
@@ -344,7 +380,7 @@ def record_batch(chunk: RowChunk, schema: pa.Schema, capture_id: str, source: st
     columns: dict[str, pa.Array] = {
         "capture_id": pa.repeat(capture_id, n),
         "source": pa.repeat(source, n),
-        "connection_id": pc.take(pa.array(chunk.connections, pa.string()), records["connection"]),
+        "connection_id": pc.take(pa.array(chunk.connections, pa.string()), chunk.connection_slots()),
         "seq": pa.array(records["seq"]),
         "kind": pc.take(_KINDS, shapes),
         "side": pc.take(_SIDES, shapes),
@@ -357,11 +393,11 @@ def record_batch(chunk: RowChunk, schema: pa.Schema, capture_id: str, source: st
         "upstream_correlation_id": _numbers(records["upstream_correlation_id"], pa.int32(), "<i4"),
         "frame_length": _numbers(records["frame_length"], pa.int32(), "<i4"),
     }
-    ends = records["frame_end"]
-    has_frame = ends >= 0
+    copies = records["stored"]
+    has_frame = copies >= 0
     offsets = np.empty(n + 1, np.int32)
     offsets[0] = 0
-    offsets[1:] = np.maximum.accumulate(np.where(has_frame, ends, 0)) if n else ends
+    np.cumsum(np.maximum(copies, 0), out=offsets[1:])
     bitmap, nulls = _validity(has_frame)
     columns["frame"] = pa.Array.from_buffers(
         pa.binary(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chunk.frames)], null_count=nulls

@@ -25,12 +25,15 @@ from corrfix.capture._columns import (
     CLOSE,
     NULL,
     OPEN,
+    RECORD_SIZE,
     REPAIR,
+    STORED,
+    STORED_AT,
     UPSTREAM_REQUEST,
     UPSTREAM_RESPONSE,
     Extra,
-    Row,
     RowColumns,
+    pack_row,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
 from corrfix.capture.format import SHARED_HEAD, SHARED_MIN
@@ -89,8 +92,9 @@ def _nullable(value: int | None) -> int:
 class Recorder:
     """One capture's rows, into :class:`RowColumns`; implements the relay's ``ConnectionObserver`` calls.
 
-    Each call gathers its rows (number tuples, the frame bytes to keep) and hands them to
-    the columns at once, so the columns' lock and bound check are paid once per batch."""
+    Each call packs its rows' records into one ``bytearray`` (one ``struct`` call per row),
+    gathers the frame bytes to keep, and hands both to the columns at once, so the
+    columns' lock and bound check are paid once per batch."""
 
     def __init__(
         self,
@@ -107,13 +111,13 @@ class Recorder:
         self._wall_ns = wall_ns
         self._mono_ns = mono_ns
         self._connections: dict[str, _Connection] = {}
-        self._rows: list[Row] = []
-        self._frames: list[bytes | bytearray | memoryview | None] = []
+        self._records = bytearray()
+        self._frames: list[bytes | bytearray | memoryview] = []
         self._extras: list[tuple[int, Extra]] = []
         # Frames received in this call whose bytes the frame sent for them may carry, by
-        # upstream id: (row index, stored bytes) of client requests, (seq, stored bytes) of
-        # upstream responses. Only frames of SHARED_MIN stored bytes or more.
-        self._requests_in: dict[int, tuple[int, bytes | memoryview]] = {}
+        # upstream id: (row index, frame index, stored bytes) of client requests, (seq,
+        # stored bytes) of upstream responses. Only frames of SHARED_MIN stored bytes or more.
+        self._requests_in: dict[int, tuple[int, int, bytes | memoryview]] = {}
         self._answers_in: dict[int, tuple[int, bytes | memoryview]] = {}
 
     # -- ConnectionObserver ------------------------------------------------------------
@@ -167,7 +171,7 @@ class Recorder:
             self._requests_in.clear()
         if self._answers_in:
             self._answers_in.clear()
-        if self._rows:
+        if self._records:
             self._release(connection)
 
     def connection_closed(self, connection: str, reason: str) -> None:
@@ -203,31 +207,29 @@ class Recorder:
         conn.seq = seq + 1
         self._extras.append(
             (
-                len(self._rows),
+                len(self._records) // RECORD_SIZE,
                 (None, None, event.kind.value, event.reason or None, event.attempt, new_id, None),
             )
         )
-        self._rows.append(
-            (
-                seq,
-                self._wall_ns(),
-                self._mono_ns(),
-                _nullable(event.api_key),
-                NULL if send is None else send[2],
-                _nullable(event.client_correlation_id),
-                _nullable(old_id),
-                NULL,
-                REPAIR,
-            )
+        self._records += pack_row(
+            seq,
+            self._wall_ns(),
+            self._mono_ns(),
+            _nullable(event.api_key),
+            NULL if send is None else send[2],
+            _nullable(event.client_correlation_id),
+            _nullable(old_id),
+            NULL,
+            REPAIR,
+            -1,
         )
-        self._frames.append(None)
         client_cid = event.client_correlation_id
         if event.kind is _REQUEUE and client_cid is not None:
             ask = conn.asks.get(client_cid)
             if ask is not None:
                 conn.asks[client_cid] = (ask[0], ask[1], _nullable(new_id))
 
-    # -- frames ------------------------------------------------------------------------
+    # -- frames: each packs its row and keeps its frame's bytes ---------------------------
 
     def _client_request(
         self,
@@ -244,7 +246,9 @@ class Recorder:
             self._token(seq, CLIENT_REQUEST, wall, mono, frame, length)
             return
         if len(frame) < _REQUEST_FIXED_HEADER:  # too short for a header: kept whole
-            self._rows.append((seq, wall, mono, NULL, NULL, NULL, NULL, length, CLIENT_REQUEST))
+            self._records += pack_row(
+                seq, wall, mono, NULL, NULL, NULL, NULL, length, CLIENT_REQUEST, len(frame)
+            )
             self._frames.append(frame)
             return
         api_key, api_version, client_cid = _REQUEST_HEAD.unpack_from(frame, 4)
@@ -254,13 +258,23 @@ class Recorder:
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _request_header_end(frame)
-        self._rows.append(
-            (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, CLIENT_REQUEST)
-        )
         stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+        records = self._records
+        records += pack_row(
+            seq,
+            wall,
+            mono,
+            api_key,
+            api_version,
+            client_cid,
+            upstream_cid,
+            length,
+            CLIENT_REQUEST,
+            len(stored),
+        )
         self._frames.append(stored)
         if len(stored) >= SHARED_MIN and upstream_cid != NULL and _head_is_enough(stored, api_key):
-            self._requests_in[upstream_cid] = (len(self._rows) - 1, stored)
+            self._requests_in[upstream_cid] = (len(records) // RECORD_SIZE - 1, len(self._frames) - 1, stored)
         if api_key == _SASL_HANDSHAKE and is_sasl_v0_handshake(api_key, api_version):
             conn.sasl = conn.sasl or SaslTokens()
             conn.sasl.handshake_sent(frame)
@@ -273,7 +287,9 @@ class Recorder:
             self._token(seq, UPSTREAM_REQUEST, wall, mono, frame, length)
             return
         if length < _REQUEST_FIXED_HEADER:
-            self._rows.append((seq, wall, mono, NULL, NULL, NULL, NULL, length, UPSTREAM_REQUEST))
+            self._records += pack_row(
+                seq, wall, mono, NULL, NULL, NULL, NULL, length, UPSTREAM_REQUEST, length
+            )
             self._frames.append(frame)
             return
         api_key, api_version, upstream_cid = _REQUEST_HEAD.unpack_from(frame, 4)
@@ -282,17 +298,27 @@ class Recorder:
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _request_header_end(frame)
-        self._rows.append(
-            (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_REQUEST)
-        )
         stored = frame if length <= limit else memoryview(frame)[:limit]
+        self._records += pack_row(
+            seq,
+            wall,
+            mono,
+            api_key,
+            api_version,
+            client_cid,
+            upstream_cid,
+            length,
+            UPSTREAM_REQUEST,
+            len(stored),
+        )
         self._frames.append(stored)
         if self._requests_in:
             received = self._requests_in.pop(upstream_cid, None)
-            if received is not None and _same_after_head(frame, received[1], len(stored)):
+            if received is not None and _same_after_head(frame, received[2], len(stored)):
                 # The client's row keeps its head and names this row for the rest.
-                at = received[0]
-                self._frames[at] = memoryview(received[1])[:SHARED_HEAD]
+                at, piece, _ = received
+                STORED.pack_into(self._records, at * RECORD_SIZE + STORED_AT, SHARED_HEAD)
+                self._frames[piece] = memoryview(received[2])[:SHARED_HEAD]
                 self._extras.append((at, (None, None, None, None, None, None, seq)))
 
     def _upstream_response(self, conn: _Connection, frame: bytes, length: int, wall: int, mono: int) -> None:
@@ -312,10 +338,19 @@ class Recorder:
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _response_header_end(frame, api_key, api_version)
-        self._rows.append(
-            (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_RESPONSE)
-        )
         stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+        self._records += pack_row(
+            seq,
+            wall,
+            mono,
+            api_key,
+            api_version,
+            client_cid,
+            upstream_cid,
+            length,
+            UPSTREAM_RESPONSE,
+            len(stored),
+        )
         self._frames.append(stored)
         if len(stored) >= SHARED_MIN and upstream_cid != NULL:
             self._answers_in[upstream_cid] = (seq, stored)
@@ -335,15 +370,26 @@ class Recorder:
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _response_header_end(frame, api_key, api_version)
-        self._rows.append(
-            (seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, CLIENT_RESPONSE)
-        )
         stored = frame if length <= limit else memoryview(frame)[:limit]
         received = self._answers_in.pop(upstream_cid, None) if self._answers_in else None
         if received is not None and _same_after_head(frame, received[1], len(stored)):
             # This row keeps its head and names the upstream response's row for the rest.
-            self._extras.append((len(self._rows) - 1, (None, None, None, None, None, None, received[0])))
+            self._extras.append(
+                (len(self._records) // RECORD_SIZE, (None, None, None, None, None, None, received[0]))
+            )
             stored = memoryview(frame)[:SHARED_HEAD]
+        self._records += pack_row(
+            seq,
+            wall,
+            mono,
+            api_key,
+            api_version,
+            client_cid,
+            upstream_cid,
+            length,
+            CLIENT_RESPONSE,
+            len(stored),
+        )
         self._frames.append(stored)
 
     # -- helpers -----------------------------------------------------------------------
@@ -352,22 +398,24 @@ class Recorder:
         """An open or close row."""
         seq = conn.seq
         conn.seq = seq + 1
-        self._extras.append((len(self._rows), extra))
-        self._rows.append((seq, self._wall_ns(), self._mono_ns(), NULL, NULL, NULL, NULL, NULL, shape))
-        self._frames.append(None)
+        self._extras.append((len(self._records) // RECORD_SIZE, extra))
+        self._records += pack_row(
+            seq, self._wall_ns(), self._mono_ns(), NULL, NULL, NULL, NULL, NULL, shape, -1
+        )
 
     def _token(
         self, seq: int, shape: int, wall: int, mono: int, frame: bytes | bytearray, length: int
     ) -> None:
         """A SASL v0 token: credentials, so only its size prefix is kept."""
-        self._extras.append((len(self._rows), _TOKEN))
-        self._rows.append((seq, wall, mono, NULL, NULL, NULL, NULL, length, shape))
-        self._frames.append(bytes(frame[:4]))
+        kept = bytes(frame[:4])
+        self._extras.append((len(self._records) // RECORD_SIZE, _TOKEN))
+        self._records += pack_row(seq, wall, mono, NULL, NULL, NULL, NULL, length, shape, len(kept))
+        self._frames.append(kept)
 
     def _release(self, connection: str) -> None:
-        rows, frames, extras = self._rows, self._frames, self._extras
-        self._rows, self._frames, self._extras = [], [], []
-        self._columns.extend(connection, rows, frames, extras)
+        records, frames, extras = self._records, self._frames, self._extras
+        self._records, self._frames, self._extras = bytearray(), [], []
+        self._columns.extend(connection, records, frames, extras)
 
 
 def _head_is_enough(frame: bytes | memoryview, api_key: int) -> bool:
