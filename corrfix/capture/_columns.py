@@ -3,12 +3,13 @@
 The recorder packs each row as one fixed-width record (the numbers: sequence, times, ids,
 lengths, the size of its frame copy) with one ``struct`` call, into one ``bytearray`` per
 call; the queue appends those records whole and the frames' bytes, up to the snap length,
-into one buffer: one copy per frame (small frames joined first), no object per row, and
-the connection once per call. The few values only some rows have (addresses, repair event, reason, attempt, a
-re-send's id, the row whose frame bytes a row shares) go to a short side list. The
-writer thread swaps the buffers out under a lock held for that swap alone, and
-:func:`record_batch` turns them into an Arrow record batch with numpy and
-``pa.Array.from_buffers``, without Python code per row, so it holds the GIL only briefly.
+into one buffer (a call's small frames joined first: one copy call per call), with no
+object per row and the connection once per call. The few values only some rows have
+(addresses, repair event, reason, attempt, a re-send's id, the row whose frame bytes a row
+shares) go to a short side list. The writer thread swaps the buffers out under a lock held
+for that swap alone, and :func:`record_batch` turns them into an Arrow record batch with
+numpy and ``pa.Array.from_buffers``, without Python code per row, so it holds the GIL only
+briefly.
 
 Bounded: a row that would take the queue past ``max_rows`` rows, or ``max_bytes`` bytes
 (frame copies plus a fixed charge per row), is dropped and counted by kind, never waited
@@ -119,6 +120,10 @@ class RowChunk:
         """Rows per kind, for counting lost rows."""
         return _kinds(np.frombuffer(self.records, _DTYPE)["shape"][start:stop])
 
+    def frame_sizes_agree(self) -> bool:
+        """Whether the records' frame sizes add up to the frame bytes held (Arrow trusts them)."""
+        return int(self.frame_bytes().sum()) == len(self.frames)
+
     def connection_slots(self) -> np.ndarray:
         """Each row's connection, as an index into ``connections``."""
         return np.repeat(np.asarray(self.run_slots, np.int32), np.asarray(self.run_rows, np.int64))
@@ -144,6 +149,11 @@ class RowChunk:
     def frame_bytes(self) -> np.ndarray:
         """Bytes of frame copy per row."""
         return np.maximum(np.frombuffer(self.records, _DTYPE)["stored"], 0)
+
+
+def kinds_of(records: bytearray) -> Counter[str]:
+    """Rows per kind of packed records, for counting rows lost before they were queued."""
+    return _kinds(np.frombuffer(records, _DTYPE)["shape"])
 
 
 def _kinds(shapes: np.ndarray) -> Counter[str]:
@@ -375,6 +385,8 @@ _DIRECTIONS = pa.array([direction and direction.value for _, _, direction in SHA
 def record_batch(chunk: RowChunk, schema: pa.Schema, capture_id: str, source: str) -> pa.RecordBatch:
     """The chunk's rows as one record batch of the capture schema (no Python per row)."""
     n = chunk.rows
+    if not chunk.frame_sizes_agree():
+        raise ValueError("capture rows name more or fewer frame bytes than were queued")
     records = np.frombuffer(chunk.records, _DTYPE)
     shapes = pa.array(records["shape"])
     columns: dict[str, pa.Array] = {

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import structlog
+
 from corrfix.capture._columns import (
     CLIENT_REQUEST,
     CLIENT_RESPONSE,
@@ -31,8 +33,10 @@ from corrfix.capture._columns import (
     STORED_AT,
     UPSTREAM_REQUEST,
     UPSTREAM_RESPONSE,
+    WARNING_INTERVAL,
     Extra,
     RowColumns,
+    kinds_of,
     pack_row,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
@@ -46,6 +50,8 @@ from protocol import (
     produce_acks,
     response_body_offset,
 )
+
+log = structlog.get_logger("corrfix.capture")
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _SASL_AUTHENTICATE, _SASL_HANDSHAKE, _API_VERSIONS, _PRODUCE = (
@@ -119,6 +125,7 @@ class Recorder:
         # stored bytes) of upstream responses. Only frames of SHARED_MIN stored bytes or more.
         self._requests_in: dict[int, tuple[int, int, bytes | memoryview]] = {}
         self._answers_in: dict[int, tuple[int, bytes | memoryview]] = {}
+        self._next_error = 0.0
 
     # -- ConnectionObserver ------------------------------------------------------------
 
@@ -130,6 +137,12 @@ class Recorder:
         self._release(connection)
 
     def events(self, connection: str, events: Sequence[Event]) -> None:
+        try:
+            self._record(connection, events)
+        except Exception:  # a bug costs these rows, never the connection the relay is serving
+            self._abandon_call()
+
+    def _record(self, connection: str, events: Sequence[Event]) -> None:
         conn = self._connections.get(connection)
         if conn is None:
             conn = self._connections[connection] = _Connection()
@@ -411,6 +424,19 @@ class Recorder:
         self._extras.append((len(self._records) // RECORD_SIZE, _TOKEN))
         self._records += pack_row(seq, wall, mono, NULL, NULL, NULL, NULL, length, shape, len(kept))
         self._frames.append(kept)
+
+    def _abandon_call(self) -> None:
+        """Drop what a failed call gathered, counted as lost, and say so (at most every 10 s)."""
+        lost = kinds_of(self._records)
+        self._records, self._frames, self._extras = bytearray(), [], []
+        self._requests_in.clear()
+        self._answers_in.clear()
+        if lost:
+            self._columns.count_lost(lost)
+        now = time.monotonic()
+        if now >= self._next_error:
+            self._next_error = now + WARNING_INTERVAL
+            log.exception("capture rows could not be recorded, rows lost", rows=sum(lost.values()))
 
     def _release(self, connection: str) -> None:
         records, frames, extras = self._records, self._frames, self._extras
