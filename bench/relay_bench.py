@@ -96,6 +96,13 @@ def _capture_lost(directory: Path) -> dict[str, int]:
     return {"rows_written": written, "rows_lost": lost, "bytes_written": size}
 
 
+def _lost_since(directory: Path, before: int, entry: dict[str, object]) -> int:
+    """Record in ``entry`` the capture rows lost since ``before``; returns the total now."""
+    now = _capture_lost(directory)["rows_lost"] if directory.exists() else before
+    entry["capture_rows_lost"] = now - before
+    return now
+
+
 def run_relay(
     work: Path, cases: list[Case], timing: Timing, wanted: tuple[str, ...] = ALL_TARGETS, log: object = print
 ) -> dict[str, object]:
@@ -123,7 +130,13 @@ def run_relay(
                 extra = ["--capture-dir", str(capture_dir)]
                 running[name] = stack.enter_context(targets.corrfix(echo.port, work, name, extra=extra))
         order = list(running)
+        # Rows the capture lost, per case: its summary as the case starts and as the next
+        # one does (the writer rewrites the summary within a second of a change, and the
+        # other targets' runs come between two cases' capture runs).
+        lost_before = 0
         for case in cases:
+            if "corrfix-capture" in running and results:
+                lost_before = _lost_since(capture_dir, lost_before, results[-1])
             request = produce_frame(case.size)
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in order}
             for repeat in range(timing.repeats):
@@ -154,6 +167,8 @@ def run_relay(
             log(f"  {case.key:>16}: {line}")
     report: dict[str, object] = {"cases": results, "skipped": skipped, "timing": timing.__dict__}
     if capture_dir.exists():
+        if results:
+            _lost_since(capture_dir, lost_before, results[-1])  # the proxy has stopped: final
         report["capture_rows"] = _capture_lost(capture_dir)
         shutil.rmtree(capture_dir, ignore_errors=True)
     return report

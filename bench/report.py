@@ -233,8 +233,11 @@ def markdown(results: dict[str, Any]) -> str:
                     else ".\n"
                 )
             )
-            out.append("| case | capture on / off |\n|---|---|")
-            out.extend(f"| {c['case']} | {_fmt(c.get('capture_vs_off'))} |" for c in relay["cases"])
+            out.append("| case | capture on / off | rows lost |\n|---|---|---|")
+            for c in relay["cases"]:
+                lost = c.get("capture_rows_lost")
+                shown = f"{lost:,}" if isinstance(lost, int) else "-"
+                out.append(f"| {c['case']} | {_fmt(c.get('capture_vs_off'))} | {shown} |")
     tansu = results.get("tansu")
     if tansu:
         out.append("\n## Relay on Tansu (confluent-kafka producer)\n")
