@@ -6,11 +6,20 @@ returns (rather than one write per Arrow buffer, dozens per batch), so a reader 
 whole batch at once; a file is finished with the end-of-stream marker when it rotates or
 the capture closes.
 Names sort in time order: the capture's start time (UTC), its id, then a file counter.
+
+By default the files stay out of the page cache once written. After each batch, the
+kernel is asked to start writing it back and to drop the pages of a batch written
+earlier, whose writeback has had a batch's time to finish (``POSIX_FADV_DONTNEED``: it
+drops clean pages and only starts writeback on dirty ones, so it never waits for the
+disk, and what a slow disk has not taken yet stays cached as before). A sidecar capturing
+hundreds of MB/s would otherwise fill the page cache with files nobody reads soon and
+evict what a Kafka broker on the same host serves consumers from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -42,6 +51,7 @@ class CaptureFiles:
         rotate_bytes: int,
         rotate_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        keep_page_cache: bool = False,
     ) -> None:
         self.directory = directory
         self.stem = stem
@@ -54,6 +64,10 @@ class CaptureFiles:
         self._sink: pa.NativeFile | None = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self._opened_at = 0.0
+        self._release_cache = not keep_page_cache and hasattr(os, "posix_fadvise")
+        self._fd = -1  # the current file's descriptor, for the advice
+        self._written = 0  # where the last batch of the current file ended
+        self._released = 0  # the file's bytes before this have been dropped from the cache
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Append one batch; it is readable when this returns."""
@@ -66,8 +80,22 @@ class CaptureFiles:
         self._sink.flush()
         size = self._sink.tell()
         self.bytes_written += size - before
+        if self._release_cache:
+            self._leave_page_cache(size)
         if size >= self.rotate_bytes:
             self.finish_file()
+
+    def _leave_page_cache(self, size: int) -> None:
+        """Start writeback of what was just written; drop what was written the batch before."""
+        fd = self._fd
+        try:
+            if self._written > self._released:
+                os.posix_fadvise(fd, self._released, self._written - self._released, os.POSIX_FADV_DONTNEED)
+                self._released = self._written
+            os.posix_fadvise(fd, self._written, size - self._written, os.POSIX_FADV_DONTNEED)
+        except OSError:  # advice only: a file system that ignores it costs the cache, not the capture
+            self._release_cache = False
+        self._written = size
 
     def rotate_if_old(self) -> None:
         """Finish the current file once it is ``rotate_seconds`` old, even if idle."""
@@ -81,6 +109,10 @@ class CaptureFiles:
         try:
             if writer is not None:
                 writer.close()
+            if sink is not None and self._release_cache:
+                sink.flush()
+                with contextlib.suppress(OSError):  # the rest of the file: writeback starts, clean pages go
+                    os.posix_fadvise(self._fd, self._released, 0, os.POSIX_FADV_DONTNEED)
         finally:
             if sink is not None:
                 sink.close()
@@ -93,7 +125,8 @@ class CaptureFiles:
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.stem}-{len(self.files) + 1:06d}{FILE_SUFFIX}"
-        sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), _BUFFER_BYTES)
+        raw = pa.OSFile(str(path), "wb")
+        sink = pa.BufferedOutputStream(raw, _BUFFER_BYTES)
         try:
             self._writer = pa.ipc.new_stream(sink, self.schema)
             sink.flush()
@@ -101,5 +134,7 @@ class CaptureFiles:
             sink.close()
             raise
         self._sink = sink
+        self._fd = raw.fileno()
         self._opened_at = self._clock()
+        self._written = self._released = 0
         self.files.append(path)

@@ -71,6 +71,12 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"longest time before queued rows are written and readable (default {DEFAULT_FLUSH_SECONDS:g})",
     )
+    group.add_argument(
+        "--capture-keep-page-cache",
+        action="store_true",
+        help="leave written capture files in the page cache (by default they are dropped from it "
+        "once written back, so a capture does not evict what a broker on the same host caches)",
+    )
 
 
 def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
@@ -87,4 +93,5 @@ def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
         queue_rows=args.capture_queue_rows,
         queue_bytes=args.capture_queue_bytes,
         flush_seconds=args.capture_flush_seconds,
+        keep_page_cache=args.capture_keep_page_cache,
     )

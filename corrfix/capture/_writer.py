@@ -74,6 +74,7 @@ class CaptureWriter:
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         capture_id: str | None = None,
+        keep_page_cache: bool = False,
     ) -> None:
         for name, value in (("rotate_bytes", rotate_bytes), ("queue_rows", queue_rows)):
             if value < 1:
@@ -91,7 +92,12 @@ class CaptureWriter:
         self._summary = CaptureSummary(self.capture_id, Source.PROXY.value, started, snaplen=snaplen)
         self._queue = RowColumns(queue_rows, queue_bytes)
         self._files = CaptureFiles(
-            directory, stem, self.schema, rotate_bytes=rotate_bytes, rotate_seconds=rotate_seconds
+            directory,
+            stem,
+            self.schema,
+            rotate_bytes=rotate_bytes,
+            rotate_seconds=rotate_seconds,
+            keep_page_cache=keep_page_cache,
         )
         self._recorder = Recorder(self._queue, snaplen)
         self._thread = threading.Thread(target=self._run, name="corrfix-capture", daemon=True)
