@@ -1,7 +1,10 @@
 """What a connection's core tells its shell, as typed events (in the manner of h11's events).
 
 The core decides; the shell carries out the bytes and timers and hands these events to its
-sinks (metrics, logs, capture). Events are frozen and slotted: cheap to make, safe to keep.
+sinks (metrics, logs, capture). Events are slotted; the rare ones are frozen too. The four
+made per request or per batch (``Received``, ``Sent``, ``Forwarded``, ``Answered``) are not:
+a frozen dataclass sets each field through ``object.__setattr__``, which made a
+``Forwarded`` cost 0.51 µs against 0.13 µs. Sinks read events and never change them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ PeerSide = Literal["client", "upstream"]
 """Which TCP connection: client <-> proxy, or proxy <-> broker (capture's ``side``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Received:
     """Frames as they arrived on ``side``, copied before the machine patches them in place:
     each copy holds the frame's first bytes, ``lengths`` the whole sizes. Made only when
@@ -42,7 +45,7 @@ class Received:
     lengths: list[int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sent:
     """Whole frames handed to the shell for ``side``, in order (recorded frames only). The
     machine may patch them later (a re-send gets a new id): a consumer copies what it keeps."""
@@ -51,7 +54,7 @@ class Sent:
     frames: list[bytearray]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forwarded:
     """A client request went upstream under an id of the proxy's (acks=0 Produce included)."""
 
@@ -61,7 +64,7 @@ class Forwarded:
     api_version: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answered:
     """The broker answered a client request; ``seconds`` runs from the first send, re-sends included."""
 
