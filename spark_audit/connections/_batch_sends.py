@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import ApiKey
+from spark_audit.connections._codes import combined, dense, ordered
 from spark_audit.decode import FACT_SCHEMA
 
 BATCH = ("topic", "partition", "crc", "record_count", "first_timestamp", "batch_length")
@@ -52,25 +53,11 @@ def plain_batches(facts: pa.Table) -> pa.Array:
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
-def _differs(column: pa.Array) -> np.ndarray:
-    """Whether each row's value differs from the previous row's (nulls equal each other)."""
-    a, b = column[1:], column[:-1]
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    differs = pc.if_else(both_null, False, pc.fill_null(pc.not_equal(a, b), True))
-    return differs.to_numpy(zero_copy_only=False)
-
-
 def _reduce(column: pa.Array, starts: np.ndarray, ufunc: np.ufunc, fill: int) -> pa.Array:
     """``ufunc`` over each group's non-null values (null when it has none)."""
     values = pc.fill_null(pc.cast(column, pa.int64()), fill).to_numpy(zero_copy_only=False)
     valid = np.add.reduceat(column.is_valid().to_numpy(zero_copy_only=False).astype(np.int64), starts)
     return pa.array(ufunc.reduceat(values, starts), pa.int64(), mask=valid == 0)
-
-
-def _codes(column: pa.Array) -> np.ndarray:
-    """Each value as an integer that is equal exactly where the values are (nulls: -1)."""
-    encoded = column.dictionary_encode()
-    return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _lineages(t: pa.Table, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -89,7 +76,7 @@ def _lineages(t: pa.Table, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
     lineage = sub.column("lineage_id").chunk(0)
     alone = lineage.is_null().to_numpy(zero_copy_only=False)
     ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
-    captures, connections = (_codes(sub.column(name).chunk(0)) for name in LINEAGE[:-1])
+    captures, connections = (dense(sub.column(name)) for name in LINEAGE[:-1])
     key = (captures * (int(connections.max()) + 2) + connections) << 32 | ids  # one int per lineage
     mine = group[rows]
     order = np.lexsort((key, mine))
@@ -106,13 +93,17 @@ def sum_sends(sends: pa.Table) -> pa.Table:
     if n == 0:
         return BATCH_SENDS_SCHEMA.empty_table()
     sends = sends.select([*BATCH, *FIRST, "lineage_id", "acknowledged"])  # only these are moved
-    keys = [(name, "ascending", "at_start") for name in (*BATCH, *FIRST)]
-    order = pc.sort_indices(sends, sort_keys=keys)
-    t = sends.take(order).combine_chunks()
+    batch = combined([dense(sends.column(name)) for name in BATCH])
+    wall = sends.column("wall_ns")
+    tie = combined([ordered(sends.column(name)) for name in FIRST[1:]], keep_order=True)
+    by_wall = [pc.fill_null(wall, 0).to_numpy(zero_copy_only=False).astype(np.int64)]
+    if wall.null_count:  # nulls first
+        by_wall.append(pc.is_valid(wall).to_numpy(zero_copy_only=False))
+    order = np.lexsort((tie, *by_wall, batch))  # per batch, the first send first
+    t = sends.take(pa.array(order)).combine_chunks()
     new = np.zeros(n, dtype=bool)
     new[0] = True
-    for name in BATCH:
-        new[1:] |= _differs(t.column(name).chunk(0))
+    new[1:] = batch[order][1:] != batch[order][:-1]
     starts = np.flatnonzero(new)
     firsts = t.take(pa.array(starts))
     acknowledged = t.column("acknowledged").chunk(0)

@@ -35,9 +35,8 @@ from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
     TRANSACTIONS_SCHEMA,
-    broker_frames,
     connection_pass,
-    decode_table,
+    decode_broker,
     facts_pass,
 )
 from spark_audit.connections._plan import assign, connection_keys, index_files, summary_index
@@ -109,13 +108,13 @@ def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | N
 def _gather(part: Connections, headers: bool, bodies: bool) -> tuple[pa.Table, pa.Table]:
     """The partition's rows without frames, with Produce acks (if ``headers``), and the facts
     of their broker-side bodies (if ``bodies``), from one scan of the files. Bodies are
-    decoded a batch at a time, so only one batch's frames are ever copied."""
+    decoded a batch at a time, where they are: no frame is copied."""
     rows, facts = [], [FACT_SCHEMA.empty_table()]
     for batch, mine in _batches(part):
         if headers:
             rows.append(_headers(batch, None if mine is None else np.flatnonzero(mine)))
         if bodies and "frame" in batch.schema.names:
-            facts.append(decode_table(broker_frames(batch, mine)))
+            facts.append(decode_broker(batch, mine))
     return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_audit.connections._anomalies import side_rows
+from spark_audit.connections._anomalies import rows_where, side_rows
 
 ACCURACY = 10_000
 """``percentile_approx``'s accuracy: the relative rank error is at most its inverse."""
@@ -60,9 +60,7 @@ SUMMARY_SCHEMA = pa.schema(
 def answered_requests(transactions: pa.Table) -> pa.Table:
     """Every client-side request that expected and got an answer, with its latency."""
     reqs = side_rows(transactions, "client", "request")
-    reqs = reqs.filter(
-        pc.fill_null(pc.and_(reqs.column("expects"), pc.is_valid(reqs.column("answer_seq"))), False)
-    )
+    reqs = rows_where(reqs, pc.and_(reqs.column("expects"), pc.is_valid(reqs.column("answer_seq"))))
     latency_ns = pc.subtract(reqs.column("answer_mono_ns"), reqs.column("mono_ns"))
     return pa.table(
         {
