@@ -13,6 +13,8 @@ NULL = -1
 """The code of a null in :func:`dense`."""
 _ROOM = 1 << 62
 """Mixed-radix codes stay below this, so that they fit an int64 with room to spare."""
+_NARROW = 1 << 32
+"""An integer column whose values span less than this is coded by subtraction."""
 
 
 def _indices(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
@@ -25,14 +27,34 @@ def _indices(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
     return np.concatenate(parts).astype(np.int64, copy=False), chunks[-1].dictionary
 
 
+def _offsets(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """An integer column's values less its least (nulls :data:`NULL`), when they span a
+    narrow range: codes by arithmetic, no hashing. None for other columns."""
+    if not pa.types.is_integer(column.type) or len(column) == column.null_count:
+        return None
+    low, high = (v.as_py() for v in pc.min_max(column).values())
+    if high - low >= _NARROW:
+        return None
+    values = pc.fill_null(column, low).to_numpy(zero_copy_only=False).astype(np.int64) - low
+    return (
+        np.where(pc.is_valid(column).to_numpy(zero_copy_only=False), values, NULL)
+        if column.null_count
+        else values
+    )
+
+
 def dense(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Each value as an int: equal exactly where the values are; nulls :data:`NULL`."""
-    return _indices(column)[0]
+    offsets = _offsets(column)
+    return _indices(column)[0] if offsets is None else offsets
 
 
 def ordered(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Each value as an int in the values' ascending order, nulls first (0), equal exactly
     where the values are."""
+    offsets = _offsets(column)
+    if offsets is not None:
+        return offsets + 1
     indices, dictionary = _indices(column)
     if len(dictionary) == 0:
         return np.zeros(len(indices), np.int64)
@@ -57,3 +79,21 @@ def combined(codes: list[np.ndarray], keep_order: bool = False) -> np.ndarray:
         out = out * radix + shifted
         size *= radix
     return out
+
+
+def sort_order(*keys: np.ndarray) -> np.ndarray:
+    """The stable order of rows by ``keys``, the first the most significant. Keys whose
+    spans multiply to under an int64 are sorted as one (one stable sort, which runs of
+    rows already in order make cheap), else by ``np.lexsort``."""
+    if len(keys[0]) == 0:
+        return np.zeros(0, np.int64)
+    one = np.zeros(len(keys[0]), np.int64)
+    size = 1
+    for key in keys:
+        low, high = int(key.min()), int(key.max())
+        span = high - low + 1
+        if size * span >= _ROOM:
+            return np.lexsort(keys[::-1])
+        one = one * span + (key - low)
+        size *= span
+    return np.argsort(one, kind="stable")

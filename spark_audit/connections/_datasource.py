@@ -39,7 +39,7 @@ from spark_audit.connections._pass import (
     decode_broker,
     facts_pass,
 )
-from spark_audit.connections._plan import assign, connection_keys, index_files, summary_index
+from spark_audit.connections._plan import SEPARATOR, assign, connection_keys, index_files, summary_index
 from spark_audit.decode import FACT_SCHEMA
 from spark_audit.source import list_files, open_file, stream_batches
 
@@ -91,14 +91,37 @@ def _headers(batch: pa.RecordBatch, rows: np.ndarray | None) -> pa.Table:
     return pa.table(columns)
 
 
+def _wanted(connections: tuple[str, ...]) -> dict[str, pa.Array]:
+    """The connection ids of each capture among connection keys."""
+    ids: dict[str, list[str]] = {}
+    for key in connections:
+        capture, _, connection = key.partition(SEPARATOR)
+        ids.setdefault(capture, []).append(connection)
+    return {capture: pa.array(names, pa.string()) for capture, names in ids.items()}
+
+
+def _mine(batch: pa.RecordBatch, keys: pa.Array, wanted: dict[str, pa.Array]) -> np.ndarray:
+    """Which rows of ``batch`` belong to the connections ``keys`` (``wanted``, by capture).
+    A batch of one capture, the usual case, is matched on its connection ids alone."""
+    captures = pc.unique(batch.column("capture_id"))
+    if len(captures) == 1 and captures[0].is_valid:
+        ids = wanted.get(captures[0].as_py())
+        if ids is None:
+            return np.zeros(batch.num_rows, dtype=bool)
+        mine = pc.is_in(batch.column("connection_id"), value_set=ids)
+    else:
+        mine = pc.is_in(connection_keys(batch), value_set=keys)
+    return pc.fill_null(mine, False).to_numpy(zero_copy_only=False)
+
+
 def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
     """Each batch holding rows of the partition's connections, from every file that holds
     them, with those rows (None: all of them)."""
-    wanted = pa.array(part.connections, pa.string())
+    keys, wanted = pa.array(part.connections, pa.string()), _wanted(part.connections)
     for path in part.files:
         with open_file(path) as source:
             for batch in stream_batches(source, path):
-                mine = pc.is_in(connection_keys(batch), value_set=wanted).to_numpy(zero_copy_only=False)
+                mine = _mine(batch, keys, wanted)
                 if mine.all():
                     yield batch, None
                 elif mine.any():

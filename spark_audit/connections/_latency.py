@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_audit.connections._anomalies import rows_where, side_rows
+from spark_audit.connections._codes import sort_order
 
 ACCURACY = 10_000
 """``percentile_approx``'s accuracy: the relative rank error is at most its inverse."""
@@ -113,7 +114,7 @@ def summaries(lat: pa.Table, window_s: float) -> pa.Table:
     )
     out: list[dict[str, Any]] = []
     for by_window, keys in ((False, np.zeros_like(api)), (True, window)):
-        order = np.lexsort((api, keys))
+        order = sort_order(keys, api)
         k, a = keys[order], api[order]
         bounds = np.flatnonzero((k[1:] != k[:-1]) | (a[1:] != a[:-1])) + 1
         for rows in np.split(order, bounds):

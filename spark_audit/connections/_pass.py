@@ -255,7 +255,7 @@ def _conform(
     arrays = []
     for field in schema:
         if field.name in constants:
-            arrays.append(pa.array([constants[field.name]] * n, field.type))
+            arrays.append(pa.repeat(pa.scalar(constants[field.name], field.type), n))
         elif field.name in table.column_names:
             arrays.append(table.column(field.name).cast(field.type))
         else:
@@ -416,42 +416,29 @@ def _answer_kinds(facts: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 def answered_batches(facts: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``facts`` that are Produce batches, each once per answer to its call
     (same capture, connection, correlation id, topic and partition; a batch with a null in
-    any of them has none), and those answers' rows (-1: none): the left outer join of the
-    batches with the answers, as row numbers (integer codes and one sort)."""
+    any of them has none), in their order, and those answers' rows (-1: none): the left
+    outer join of the batches with the answers, as row numbers (integer codes, one sort of
+    the answers and a binary search per batch)."""
     is_batch, is_answer = _answer_kinds(facts)
     batches, answers = np.flatnonzero(is_batch), np.flatnonzero(is_answer)
     if len(answers) == 0 or len(batches) == 0:
         return batches, np.full(len(batches), -1, np.int64)
-    codes = [dense(facts.column(name)) for name in _CALL]
-    call = combined(codes)
-    call[np.any(np.stack(codes) == NULL, axis=0)] = -1  # a null matches nothing
-    both = np.concatenate([batches, answers])
-    key = call[both]
-    is_ans = np.concatenate([np.zeros(len(batches), np.int64), np.ones(len(answers), np.int64)])
-    order = np.lexsort((is_ans, key))  # per call, its batches, then its answers
-    order = order[key[order] >= 0]
-    k, ans = key[order], is_ans[order]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = k[1:] != k[:-1]
-    group = np.cumsum(new) - 1
-    starts = np.flatnonzero(new)
-    answers_in = np.bincount(group, weights=ans, minlength=len(starts)).astype(np.int64)
-    first_answer = starts + np.bincount(group, weights=1 - ans, minlength=len(starts)).astype(np.int64)
-    mine = ans == 0
-    own, own_group = order[mine], group[mine]  # positions in ``both``, in call order
-    times = np.maximum(answers_in[own_group], 1)
-    out_batch = np.repeat(own, times)
-    out_group = np.repeat(own_group, times)
-    nth = np.arange(len(out_batch)) - np.repeat(np.cumsum(times) - times, times)
-    out_answer = np.where(
-        answers_in[out_group] > 0, order[np.minimum(first_answer[out_group] + nth, len(order) - 1)], -1
-    )
-    unmatched = np.flatnonzero(key[: len(batches)] < 0)  # a null in the call: once, no answer
-    out_batch = np.concatenate([out_batch, unmatched])
-    out_answer = np.concatenate([out_answer, np.full(len(unmatched), -1, np.int64)])
-    rows = np.argsort(out_batch, kind="stable")  # the batches in their own order
-    out_batch, out_answer = out_batch[rows], out_answer[rows]
-    return both[out_batch], np.where(out_answer >= 0, both[np.maximum(out_answer, 0)], -1)
+    call = combined([dense(facts.column(name)) for name in _CALL])
+    for name in _CALL:
+        if facts.column(name).null_count:  # a null matches nothing
+            call[pc.is_null(facts.column(name)).to_numpy(zero_copy_only=False)] = NULL
+    batch_call, answer_call = call[batches], call[answers]
+    by_call = np.argsort(answer_call, kind="stable")
+    sorted_calls = answer_call[by_call]
+    first = np.searchsorted(sorted_calls, batch_call, "left")
+    count = np.where(batch_call == NULL, 0, np.searchsorted(sorted_calls, batch_call, "right") - first)
+    if (count == 1).all():  # the usual case: one answer each
+        return batches, answers[by_call[first]]
+    times = np.maximum(count, 1)
+    mine = np.repeat(np.arange(len(batches)), times)
+    nth = np.arange(len(mine)) - np.repeat(np.cumsum(times) - times, times)
+    at = by_call[np.minimum(first[mine] + nth, len(by_call) - 1)]
+    return batches[mine], np.where(count[mine] > 0, answers[at], -1)
 
 
 def _acknowledged(facts: pa.Table, answer_rows: np.ndarray) -> pa.Array:

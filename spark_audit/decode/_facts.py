@@ -116,7 +116,7 @@ def _fact_batch(place: pa.RecordBatch, fact: str, columns: dict[str, pa.Array]) 
     arrays = []
     for field in FACT_SCHEMA:
         if field.name == "fact":
-            arrays.append(pa.array([fact] * n, pa.string()))
+            arrays.append(pa.repeat(pa.scalar(fact, pa.string()), n))
         elif field.name in columns:
             arrays.append(columns[field.name])
         elif field.name in place.schema.names:

@@ -38,13 +38,6 @@ FIRST_VERSION = PRODUCE_FIRST_TRANSACTIONAL_ID
 LAST_VERSION = 12
 """v13 names topics by id: scalar."""
 MAX_SHORT_VARINT = 0x7F
-_BIG_ENDIAN: dict[int, np.dtype] = {
-    1: np.dtype(np.uint8),
-    2: np.dtype(">u2"),
-    4: np.dtype(">u4"),
-    8: np.dtype(">u8"),
-}
-"""The unsigned big-endian type of each field size read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +77,18 @@ class _Frames:
         use = self.ok & where
         self.ok &= ~use | (pos + size <= self.end)
         use &= self.ok
-        if not use.any():
+        everywhere = use.all()
+        if not everywhere and not use.any():
             return np.zeros(len(use), np.uint64)
-        at = np.where(use, pos, 0)
-        raw = self.data[at[:, None] + np.arange(size)] if size > 1 else self.data[at]
-        value = np.ascontiguousarray(raw).view(_BIG_ENDIAN[size]).reshape(-1).astype(np.uint64)
-        value[~use] = 0
-        return value
+        at = pos if everywhere else np.where(use, pos, 0)
+        kind: type[np.unsignedinteger] = np.uint32 if size <= 4 else np.uint64  # fewer bytes moved
+        value: np.ndarray = self.data[at].astype(kind)
+        for k in range(1, size):
+            value = np.bitwise_or(np.left_shift(value, kind(8), out=value), self.data[at + k], out=value)
+        out = value.astype(np.uint64)
+        if not everywhere:
+            out[~use] = 0
+        return out
 
     def signed(self, pos: np.ndarray, size: int, where: np.ndarray | bool = True) -> np.ndarray:
         value = self.unsigned(pos, size, where)
