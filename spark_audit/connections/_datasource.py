@@ -31,6 +31,7 @@ from pyspark.sql.types import StructType
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, audit_and_facts, audit_pass
+from spark_audit.connections._heap import keep_heap
 from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
@@ -194,6 +195,7 @@ class TransactionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Connections)
+        keep_heap()  # in the Python worker: the pass's temporaries reuse the heap
         return read_connections(partition, self.table, self.window_s, self.slow_min_ms, self.sum_plain_sends)
 
 
