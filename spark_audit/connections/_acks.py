@@ -38,11 +38,14 @@ class _Bytes:
         """The value at ``pos`` (relative to each frame) and whether it could be read."""
         at = self.start + pos
         ok = where & (pos >= 0) & (at + size <= self.end)
-        at = np.where(ok, at, 0)
-        value = np.zeros(len(pos), np.int64)
-        for k in range(size):
-            value = (value << 8) | self.data[np.minimum(at + k, len(self.data) - 1)].astype(np.int64)
-        return np.where(ok, value, 0), ok
+        everywhere = bool(ok.all())
+        if not everywhere:  # the others read byte 0 (or the last): in bounds, then zeroed
+            at = np.minimum(np.where(ok, at, 0), len(self.data) - size)
+        value = self.data[at].astype(np.int32)  # two bytes at most: int32 moves half of int64
+        for k in range(1, size):
+            value = (value << 8) | self.data[at + k]
+        value = value.astype(np.int64)
+        return (value if everywhere else np.where(ok, value, 0)), ok
 
     def int16(self, pos: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         value, ok = self.unsigned(pos, 2, where)

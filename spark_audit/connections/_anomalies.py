@@ -76,22 +76,31 @@ END_OF_CAPTURE_REASONS = ("capture closed", "capture_end")
 Key = tuple[str, str]
 
 
-def _where(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
-    return table.filter(pc.fill_null(mask, False))
+def rows_where(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """The rows of ``table`` where ``mask`` is true. When they are one run of rows, a slice
+    of ``table``, not a copy: a side's requests usually are one run of the pass's rows."""
+    mask = pc.fill_null(mask, False)
+    count = pc.sum(mask).as_py() or 0
+    if count == 0:
+        return table.slice(0, 0)
+    first = pc.index(mask, True).as_py()
+    if count == table.num_rows or pc.sum(mask.slice(first, count)).as_py() == count:
+        return table.slice(first, count)
+    return table.filter(mask)
 
 
 def side_rows(transactions: pa.Table, side: str, direction: str) -> pa.Table:
     """The ``frame`` rows of one side and direction (requests, or stray answers)."""
     t = transactions
     chosen = pc.and_(pc.equal(t.column("kind"), "frame"), pc.equal(t.column("side"), side))
-    return _where(t, pc.and_(chosen, pc.equal(t.column("direction"), direction)))
+    return rows_where(t, pc.and_(chosen, pc.equal(t.column("direction"), direction)))
 
 
 def _repairs(transactions: pa.Table) -> dict[tuple[str, str, int], tuple[list[str], int | None]]:
     """Repair events per (capture, connection, upstream id): sorted distinct events and the
     highest id it was re-sent as."""
     t = transactions
-    rows = _where(
+    rows = rows_where(
         t, pc.and_(pc.equal(t.column("kind"), "repair"), pc.is_valid(t.column("upstream_correlation_id")))
     )
     events: dict[tuple[str, str, int], set[str]] = {}
@@ -118,7 +127,7 @@ def _is_probe(api_key: int | None, client_cid: int | None) -> bool | None:
 def skipped_sends(transactions: pa.Table) -> pa.Table:
     """One row per upstream send whose answer was overtaken, with what corrfix did."""
     reqs = side_rows(transactions, "upstream", "request")
-    skipped = _where(reqs, reqs.column("skipped"))
+    skipped = rows_where(reqs, reqs.column("skipped"))
     if skipped.num_rows == 0:
         return SKIP_SCHEMA.empty_table()
     repairs = _repairs(transactions)
@@ -180,11 +189,11 @@ def stray_answers(transactions: pa.Table) -> pa.Table:
     ``stale_drop`` for the id."""
     answers = side_rows(transactions, "upstream", "response")
     answers = answers.append_column("stray", _stray_kinds(answers))
-    strays = _where(answers, pc.is_valid(answers.column("stray")))
+    strays = rows_where(answers, pc.is_valid(answers.column("stray")))
     if strays.num_rows == 0:
         return STRAY_SCHEMA.empty_table()
     t = transactions
-    drops = _where(
+    drops = rows_where(
         t, pc.and_(pc.equal(t.column("kind"), "repair"), pc.equal(t.column("event"), "stale_drop"))
     )
     dropped = set(
@@ -214,7 +223,7 @@ def stray_answers(transactions: pa.Table) -> pa.Table:
 
 def _closes(transactions: pa.Table) -> dict[Key, list[tuple[str | None, int | None]]]:
     t = transactions
-    closes = _where(t, pc.equal(t.column("kind"), "close"))
+    closes = rows_where(t, pc.equal(t.column("kind"), "close"))
     out: dict[Key, list[tuple[str | None, int | None]]] = {}
     for r in closes.select(["capture_id", "connection_id", "reason", "wall_ns"]).to_pylist():
         out.setdefault((r["capture_id"], r["connection_id"]), []).append((r["reason"], r["wall_ns"]))
@@ -242,7 +251,7 @@ def client_violations(transactions: pa.Table) -> pa.Table:
     ``id_not_increasing``."""
     reqs = side_rows(transactions, "client", "request")
     out: list[dict[str, Any]] = []
-    for r in _where(reqs, reqs.column("skipped")).to_pylist():
+    for r in rows_where(reqs, reqs.column("skipped")).to_pylist():
         kind = "out_of_order" if r["answer_seq"] is not None else "answer_missing"
         out.append(
             _violation(
@@ -255,14 +264,14 @@ def client_violations(transactions: pa.Table) -> pa.Table:
         )
     answers = side_rows(transactions, "client", "response")
     answers = answers.append_column("stray", _stray_kinds(answers))
-    for r in _where(answers, pc.is_valid(answers.column("stray"))).to_pylist():
+    for r in rows_where(answers, pc.is_valid(answers.column("stray"))).to_pylist():
         gap = r["capture_gap"] if r["stray"] == "orphan" else None
         out.append(_violation(r, kind=r["stray"], capture_gap=gap))
     owed = pc.and_(
         pc.and_(reqs.column("expects"), pc.is_null(reqs.column("answer_seq"))),
         pc.invert(reqs.column("skipped")),
     )
-    owed_rows = _where(reqs, owed)
+    owed_rows = rows_where(reqs, owed)
     if owed_rows.num_rows:
         closes = _closes(transactions)
         for r in owed_rows.to_pylist():
@@ -273,7 +282,7 @@ def client_violations(transactions: pa.Table) -> pa.Table:
     previous = pc.cast(reqs.column("previous_request_cid"), pa.int64())
     drop = pc.subtract(previous, pc.cast(reqs.column("cid"), pa.int64()))
     backwards = pc.and_(pc.greater_equal(drop, 0), pc.less(drop, WRAP_DROP))
-    for r in _where(reqs, backwards).to_pylist():
+    for r in rows_where(reqs, backwards).to_pylist():
         related = r["previous_request_cid"]
         out.append(_violation(r, kind="id_not_increasing", related_correlation_id=related))
     return pa.Table.from_pylist(out, schema=CLIENT_SCHEMA) if out else CLIENT_SCHEMA.empty_table()

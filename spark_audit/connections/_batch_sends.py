@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import ApiKey
+from spark_audit.connections._codes import combined, dense, ordered, sort_order
 from spark_audit.decode import FACT_SCHEMA
 
 BATCH = ("topic", "partition", "crc", "record_count", "first_timestamp", "batch_length")
@@ -52,79 +53,70 @@ def plain_batches(facts: pa.Table) -> pa.Array:
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
-def _differs(column: pa.Array) -> np.ndarray:
-    """Whether each row's value differs from the previous row's (nulls equal each other)."""
-    a, b = column[1:], column[:-1]
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    differs = pc.if_else(both_null, False, pc.fill_null(pc.not_equal(a, b), True))
-    return differs.to_numpy(zero_copy_only=False)
+def _reduce(
+    column: pa.ChunkedArray, order: np.ndarray, starts: np.ndarray, ufunc: np.ufunc, fill: int
+) -> pa.Array:
+    """``ufunc`` over each group's non-null values of ``column`` in ``order`` (null when the
+    group has none)."""
+    values = pc.fill_null(pc.cast(column, pa.int64()), fill).to_numpy(zero_copy_only=False)[order]
+    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)[order].astype(np.int64)
+    return pa.array(ufunc.reduceat(values, starts), pa.int64(), mask=np.add.reduceat(valid, starts) == 0)
 
 
-def _reduce(column: pa.Array, starts: np.ndarray, ufunc: np.ufunc, fill: int) -> pa.Array:
-    """``ufunc`` over each group's non-null values (null when it has none)."""
-    values = pc.fill_null(pc.cast(column, pa.int64()), fill).to_numpy(zero_copy_only=False)
-    valid = np.add.reduceat(column.is_valid().to_numpy(zero_copy_only=False).astype(np.int64), starts)
-    return pa.array(ufunc.reduceat(values, starts), pa.int64(), mask=valid == 0)
-
-
-def _codes(column: pa.Array) -> np.ndarray:
-    """Each value as an integer that is equal exactly where the values are (nulls: -1)."""
-    encoded = column.dictionary_encode()
-    return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _lineages(t: pa.Table, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The number of distinct lineages in each group of ``t`` (sorted by group; ``new``
-    marks each group's first row, at ``starts``). A send without lineage is one of its own.
-    Only groups of more than one send are sorted: most batches are sent once."""
+def _lineages(t: pa.Table, order: np.ndarray, new: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The number of distinct lineages in each group of ``t`` in ``order`` (sorted by group;
+    ``new`` marks each group's first row, at ``starts``). A send without lineage is one of
+    its own. Only groups of more than one send are sorted: most batches are sent once."""
     sizes = np.diff(np.append(starts, t.num_rows))
     out = np.ones(len(starts), np.int64)
     if not (sizes > 1).any():
         return out
     group = np.cumsum(new) - 1
     rows = np.flatnonzero(sizes[group] > 1)
-    sub = t.select(list(LINEAGE))
-    if len(rows) < t.num_rows:
-        sub = sub.take(pa.array(rows)).combine_chunks()
+    sub = t.select(list(LINEAGE)).take(pa.array(order[rows])).combine_chunks()
     lineage = sub.column("lineage_id").chunk(0)
     alone = lineage.is_null().to_numpy(zero_copy_only=False)
     ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
-    captures, connections = (_codes(sub.column(name).chunk(0)) for name in LINEAGE[:-1])
+    captures, connections = (dense(sub.column(name)) for name in LINEAGE[:-1])
     key = (captures * (int(connections.max()) + 2) + connections) << 32 | ids  # one int per lineage
     mine = group[rows]
-    order = np.lexsort((key, mine))
-    key, mine_sorted = key[order], mine[order]
-    first = np.ones(len(order), dtype=bool)
+    by_lineage = np.lexsort((key, mine))
+    key, mine_sorted = key[by_lineage], mine[by_lineage]
+    first = np.ones(len(by_lineage), dtype=bool)
     first[1:] = (key[1:] != key[:-1]) | (mine_sorted[1:] != mine_sorted[:-1])
-    counts = np.bincount(mine_sorted[first | alone[order]], minlength=len(starts))
+    counts = np.bincount(mine_sorted[first | alone[by_lineage]], minlength=len(starts))
     return np.where(sizes > 1, counts, out)
 
 
 def sum_sends(sends: pa.Table) -> pa.Table:
-    """:data:`BATCH_SENDS_SCHEMA` rows of ``sends`` (rows of :func:`plain_batches`)."""
+    """:data:`BATCH_SENDS_SCHEMA` rows of ``sends`` (rows of :func:`plain_batches`). The
+    sends are ordered, not moved: only each batch's first send is gathered."""
     n = sends.num_rows
     if n == 0:
         return BATCH_SENDS_SCHEMA.empty_table()
-    sends = sends.select([*BATCH, *FIRST, "lineage_id", "acknowledged"])  # only these are moved
-    keys = [(name, "ascending", "at_start") for name in (*BATCH, *FIRST)]
-    order = pc.sort_indices(sends, sort_keys=keys)
-    t = sends.take(order).combine_chunks()
+    batch = combined([dense(sends.column(name)) for name in BATCH])
+    wall = sends.column("wall_ns")
+    tie = combined([ordered(sends.column(name)) for name in FIRST[1:]], keep_order=True)
+    by_wall = [pc.fill_null(wall, 0).to_numpy(zero_copy_only=False).astype(np.int64)]
+    if wall.null_count:  # nulls first
+        by_wall.insert(0, pc.is_valid(wall).to_numpy(zero_copy_only=False).astype(np.int64))
+    order = sort_order(batch, *by_wall, tie)  # per batch, the first send first
+    grouped = batch[order]
     new = np.zeros(n, dtype=bool)
     new[0] = True
-    for name in BATCH:
-        new[1:] |= _differs(t.column(name).chunk(0))
+    new[1:] = grouped[1:] != grouped[:-1]
     starts = np.flatnonzero(new)
-    firsts = t.take(pa.array(starts))
-    acknowledged = t.column("acknowledged").chunk(0)
-    acked = pc.fill_null(acknowledged, False).to_numpy(zero_copy_only=False).astype(np.int64)
-    unanswered = acknowledged.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+    firsts = sends.select([*BATCH, *FIRST]).take(pa.array(order[starts]))
+    acknowledged = sends.column("acknowledged")
+    acked = pc.fill_null(acknowledged, False).to_numpy(zero_copy_only=False)[order].astype(np.int64)
+    unanswered = pc.is_null(acknowledged).to_numpy(zero_copy_only=False)[order].astype(np.int64)
     low = np.iinfo(np.int64).min
     columns = {name: firsts.column(name) for name in (*BATCH, *FIRST)}
     columns.update(
         sends=pa.array(np.diff(np.append(starts, n)), pa.int64()),
         acknowledged_sends=pa.array(np.add.reduceat(acked, starts), pa.int64()),
         unanswered_sends=pa.array(np.add.reduceat(unanswered, starts), pa.int64()),
-        last_wall_ns=_reduce(t.column("wall_ns").chunk(0), starts, np.maximum, low),
-        lineages=pa.array(_lineages(t, new, starts), pa.int64()),
+        last_wall_ns=_reduce(wall, order, starts, np.maximum, low),
+        lineages=pa.array(_lineages(sends, order, new, starts), pa.int64()),
     )
     return pa.table([columns[f.name].cast(f.type) for f in BATCH_SENDS_SCHEMA], schema=BATCH_SENDS_SCHEMA)

@@ -31,16 +31,16 @@ from pyspark.sql.types import StructType
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, audit_and_facts, audit_pass
+from spark_audit.connections._heap import keep_heap
 from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
     TRANSACTIONS_SCHEMA,
-    broker_frames,
     connection_pass,
-    decode_table,
+    decode_broker,
     facts_pass,
 )
-from spark_audit.connections._plan import assign, connection_keys, index_files, summary_index
+from spark_audit.connections._plan import SEPARATOR, assign, connection_keys, index_files, summary_index
 from spark_audit.decode import FACT_SCHEMA
 from spark_audit.source import list_files, open_file, stream_batches
 
@@ -92,14 +92,37 @@ def _headers(batch: pa.RecordBatch, rows: np.ndarray | None) -> pa.Table:
     return pa.table(columns)
 
 
+def _wanted(connections: tuple[str, ...]) -> dict[str, pa.Array]:
+    """The connection ids of each capture among connection keys."""
+    ids: dict[str, list[str]] = {}
+    for key in connections:
+        capture, _, connection = key.partition(SEPARATOR)
+        ids.setdefault(capture, []).append(connection)
+    return {capture: pa.array(names, pa.string()) for capture, names in ids.items()}
+
+
+def _mine(batch: pa.RecordBatch, keys: pa.Array, wanted: dict[str, pa.Array]) -> np.ndarray:
+    """Which rows of ``batch`` belong to the connections ``keys`` (``wanted``, by capture).
+    A batch of one capture, the usual case, is matched on its connection ids alone."""
+    captures = pc.unique(batch.column("capture_id"))
+    if len(captures) == 1 and captures[0].is_valid:
+        ids = wanted.get(captures[0].as_py())
+        if ids is None:
+            return np.zeros(batch.num_rows, dtype=bool)
+        mine = pc.is_in(batch.column("connection_id"), value_set=ids)
+    else:
+        mine = pc.is_in(connection_keys(batch), value_set=keys)
+    return pc.fill_null(mine, False).to_numpy(zero_copy_only=False)
+
+
 def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
     """Each batch holding rows of the partition's connections, from every file that holds
     them, with those rows (None: all of them)."""
-    wanted = pa.array(part.connections, pa.string())
+    keys, wanted = pa.array(part.connections, pa.string()), _wanted(part.connections)
     for path in part.files:
         with open_file(path) as source:
             for batch in stream_batches(source, path):
-                mine = pc.is_in(connection_keys(batch), value_set=wanted).to_numpy(zero_copy_only=False)
+                mine = _mine(batch, keys, wanted)
                 if mine.all():
                     yield batch, None
                 elif mine.any():
@@ -109,13 +132,13 @@ def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | N
 def _gather(part: Connections, headers: bool, bodies: bool) -> tuple[pa.Table, pa.Table]:
     """The partition's rows without frames, with Produce acks (if ``headers``), and the facts
     of their broker-side bodies (if ``bodies``), from one scan of the files. Bodies are
-    decoded a batch at a time, so only one batch's frames are ever copied."""
+    decoded a batch at a time, where they are: no frame is copied."""
     rows, facts = [], [FACT_SCHEMA.empty_table()]
     for batch, mine in _batches(part):
         if headers:
             rows.append(_headers(batch, None if mine is None else np.flatnonzero(mine)))
         if bodies and "frame" in batch.schema.names:
-            facts.append(decode_table(broker_frames(batch, mine)))
+            facts.append(decode_broker(batch, mine))
     return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
 
 
@@ -172,6 +195,7 @@ class TransactionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Connections)
+        keep_heap()  # in the Python worker: the pass's temporaries reuse the heap
         return read_connections(partition, self.table, self.window_s, self.slow_min_ms, self.sum_plain_sends)
 
 

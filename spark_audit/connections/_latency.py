@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_audit.connections._anomalies import side_rows
+from spark_audit.connections._anomalies import rows_where, side_rows
+from spark_audit.connections._codes import sort_order
 
 ACCURACY = 10_000
 """``percentile_approx``'s accuracy: the relative rank error is at most its inverse."""
@@ -60,9 +61,7 @@ SUMMARY_SCHEMA = pa.schema(
 def answered_requests(transactions: pa.Table) -> pa.Table:
     """Every client-side request that expected and got an answer, with its latency."""
     reqs = side_rows(transactions, "client", "request")
-    reqs = reqs.filter(
-        pc.fill_null(pc.and_(reqs.column("expects"), pc.is_valid(reqs.column("answer_seq"))), False)
-    )
+    reqs = rows_where(reqs, pc.and_(reqs.column("expects"), pc.is_valid(reqs.column("answer_seq"))))
     latency_ns = pc.subtract(reqs.column("answer_mono_ns"), reqs.column("mono_ns"))
     return pa.table(
         {
@@ -115,7 +114,7 @@ def summaries(lat: pa.Table, window_s: float) -> pa.Table:
     )
     out: list[dict[str, Any]] = []
     for by_window, keys in ((False, np.zeros_like(api)), (True, window)):
-        order = np.lexsort((api, keys))
+        order = sort_order(keys, api)
         k, a = keys[order], api[order]
         bounds = np.flatnonzero((k[1:] != k[:-1]) | (a[1:] != a[:-1])) + 1
         for rows in np.split(order, bounds):

@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_audit.connections._codes import combined, dense, sort_order
+
 INPUT_COLUMNS = [
     "capture_id",
     "connection_id",
@@ -87,10 +89,9 @@ def _flags(column: pa.ChunkedArray | pa.Array, fill: bool) -> np.ndarray:
 
 def _in_seq_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's connection as a number, its seq, and the order of the rows by both."""
-    conn_key = pc.binary_join_element_wise(table.column("capture_id"), table.column("connection_id"), "\x00")
-    conn_ids = pc.dictionary_encode(conn_key.combine_chunks()).indices.to_numpy().astype(np.int64)
+    conn_ids = combined([dense(table.column("capture_id")), dense(table.column("connection_id"))])
     seq = _ints(table.column("seq"))
-    return conn_ids, seq, np.lexsort((seq, conn_ids))
+    return conn_ids, seq, sort_order(conn_ids, seq)
 
 
 def _pick(column: pa.ChunkedArray | pa.Array, index: np.ndarray, valid: np.ndarray) -> pa.Array:
@@ -143,8 +144,8 @@ def match(table: pa.Table) -> pa.Table:
     cid = _ints(table.column("cid"))[by_seq]
     expects = _flags(table.column("expects"), True)[by_seq]
 
-    # Per connection and id, in seq order (lexsort is stable, rows are already in seq order).
-    by_id = np.lexsort((cid, conn))
+    # Per connection and id, in seq order (the sort is stable, rows are already in seq order).
+    by_id = sort_order(conn, cid)
     r_conn, r_cid, r_req = conn[by_id], cid[by_id], is_req[by_id]
     new_group = np.ones(n, dtype=bool)
     new_group[1:] = (r_conn[1:] != r_conn[:-1]) | (r_cid[1:] != r_cid[:-1])

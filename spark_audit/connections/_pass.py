@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
-from spark_audit.connections._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
+from spark_audit.connections._batch_sends import BATCH, BATCH_SENDS_SCHEMA, FIRST, plain_batches, sum_sends
+from spark_audit.connections._codes import NULL, combined, dense
 from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
-from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches
+from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches, decode_rows
 
 KEY = ["capture_id", "connection_id"]
 
@@ -103,6 +104,8 @@ aggregation."""
 FACT_COLUMNS = [*FACT_SCHEMA.names, "acknowledged"]
 """The columns of a ``fact`` row of :data:`FACTS_SCHEMA` the checks read."""
 _CALL = ["capture_id", "connection_id", "correlation_id", "topic", "partition"]
+SEND_COLUMNS = (*BATCH, *FIRST, "lineage_id")
+"""What :func:`sum_sends` reads of a send, besides ``acknowledged``."""
 
 SIDES = (("upstream", "upstream_correlation_id"), ("client", "client_correlation_id"))
 
@@ -252,7 +255,7 @@ def _conform(
     arrays = []
     for field in schema:
         if field.name in constants:
-            arrays.append(pa.array([constants[field.name]] * n, field.type))
+            arrays.append(pa.repeat(pa.scalar(constants[field.name], field.type), n))
         elif field.name in table.column_names:
             arrays.append(table.column(field.name).cast(field.type))
         else:
@@ -310,17 +313,23 @@ def connection_pass(table: pa.Table) -> pa.Table:
 def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
     """The facts of whole connections' bodies (:func:`decode_table`), each Produce batch with
     its answer, and how many of each kind each connection's bodies gave; with
-    ``sum_plain_sends``, the sends of batches without a producer id summed per batch."""
+    ``sum_plain_sends``, the sends of batches without a producer id summed per batch. The
+    batches are paired with their answers as rows, and only the rows that stay facts are
+    gathered: the summed sends move only the columns the sums read."""
     counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
         [([], "count_all")]
     )
     counted = counts.rename_columns({"count_all": "rows"})
-    merged = merge_acks(facts)
+    batch_rows, answer_rows = answered_batches(facts)
+    acknowledged = _acknowledged(facts, answer_rows)
     parts = [_conform(counted, FACTS_SCHEMA, kind="fact_count")]
     if sum_plain_sends:
-        plain = plain_batches(merged)
-        parts.append(_conform(sum_sends(merged.filter(plain)), FACTS_SCHEMA, kind="batch_sends"))
-        merged = merged.filter(pc.invert(plain))
+        plain = plain_batches(facts).to_numpy(zero_copy_only=False)[batch_rows]
+        sends = facts.select(list(SEND_COLUMNS)).take(pa.array(batch_rows[plain]))
+        summed = sum_sends(sends.append_column("acknowledged", acknowledged.filter(plain)))
+        parts.append(_conform(summed, FACTS_SCHEMA, kind="batch_sends"))
+        batch_rows, acknowledged = batch_rows[~plain], acknowledged.filter(~plain)
+    merged = _with_answers(facts, batch_rows, acknowledged)
     kept = merged.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
         [([], "count_all")]
     )
@@ -331,49 +340,59 @@ def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
     return pa.concat_tables([_conform(merged, FACTS_SCHEMA, kind="fact"), *parts])
 
 
-def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
-    """The rows (of ``among``, a mask, if given) whose bodies some check decodes: frames of
-    :data:`DECODED_KEYS` as the broker saw them (upstream in proxy captures, client in wire
-    captures), with ``correlation_id`` of that side, the ``lineage_id`` of upstream requests
-    (the client id they carry, :data:`FACT_SCHEMA`), ``frame`` and ``frame_length``. Only
-    those rows' frames are copied."""
+def _broker_view(table: pa.Table | pa.RecordBatch, among: np.ndarray | None) -> tuple[pa.Table, np.ndarray]:
+    """Every row of ``table`` with the columns the decode reads (:func:`broker_frames`), and
+    which of them (of ``among``, a mask, if given) are frames whose bodies some check decodes."""
     side = table.column("side")
-    broker = pc.if_else(
-        pc.equal(table.column("source"), "proxy"), pc.equal(side, "upstream"), pc.equal(side, "client")
-    )
+    upstream = pc.equal(side, "upstream")
+    broker = pc.if_else(pc.equal(table.column("source"), "proxy"), upstream, pc.equal(side, "client"))
     keys = pa.array(sorted(DECODED_KEYS), pa.int16())
     chosen = pc.and_(
         pc.and_(pc.equal(table.column("kind"), "frame"), broker),
         pc.is_in(table.column("api_key"), value_set=keys),
     )
-    chosen = pc.fill_null(chosen, False)
+    chosen = pc.fill_null(chosen, False).to_numpy(zero_copy_only=False)
     if among is not None:
-        chosen = pc.and_(chosen, pa.array(among))
-    frames = table.filter(chosen)
+        chosen &= among
     correlation_id = pc.if_else(
-        pc.equal(frames.column("side"), "upstream"),
-        frames.column("upstream_correlation_id"),
-        frames.column("client_correlation_id"),
+        upstream, table.column("upstream_correlation_id"), table.column("client_correlation_id")
     )
-    upstream_request = pc.and_(
-        pc.equal(frames.column("side"), "upstream"), pc.equal(frames.column("direction"), "request")
-    )
-    lineage = pc.if_else(
-        upstream_request, frames.column("client_correlation_id"), pa.scalar(None, pa.int32())
-    )
-    length = frames.column("frame_length") if "frame_length" in frames.column_names else None
+    upstream_request = pc.and_(upstream, pc.equal(table.column("direction"), "request"))
+    lineage = pc.if_else(upstream_request, table.column("client_correlation_id"), pa.scalar(None, pa.int32()))
+    length = table.column("frame_length") if "frame_length" in table.column_names else None
     places = ["capture_id", "connection_id", "seq", "wall_ns", "direction", "api_key", "api_version"]
-    lengths = length if length is not None else pc.cast(pc.binary_length(frames.column("frame")), pa.int32())
-    columns = {name: frames.column(name) for name in places}
-    return pa.table(
+    lengths = length if length is not None else pc.cast(pc.binary_length(table.column("frame")), pa.int32())
+    columns = {name: table.column(name) for name in places}
+    view = pa.table(
         {
             **columns,
             "correlation_id": correlation_id,
             "lineage_id": pc.cast(lineage, pa.int32()),
-            "frame": frames.column("frame"),
+            "frame": table.column("frame"),
             "frame_length": lengths,
         }
     )
+    return view, chosen
+
+
+def broker_frames(table: pa.Table | pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
+    """The rows (of ``among``, a mask, if given) whose bodies some check decodes: frames of
+    :data:`DECODED_KEYS` as the broker saw them (upstream in proxy captures, client in wire
+    captures), with ``correlation_id`` of that side, the ``lineage_id`` of upstream requests
+    (the client id they carry, :data:`FACT_SCHEMA`), ``frame`` and ``frame_length``."""
+    view, chosen = _broker_view(table, among)
+    return view.filter(pa.array(chosen))
+
+
+def decode_broker(batch: pa.RecordBatch, among: np.ndarray | None = None) -> pa.Table:
+    """Facts of :func:`broker_frames` rows of ``batch``, decoded where they are: no frame
+    is copied (vectorised Produce, the rest one by one)."""
+    view, chosen = _broker_view(batch, among)
+    if not chosen.any():
+        return FACT_SCHEMA.empty_table()
+    [whole] = view.combine_chunks().to_batches()
+    batches = list(decode_rows(whole, chosen))
+    return pa.Table.from_batches(batches, schema=FACT_SCHEMA) if batches else FACT_SCHEMA.empty_table()
 
 
 def decode_table(frames: pa.Table) -> pa.Table:
@@ -384,22 +403,64 @@ def decode_table(frames: pa.Table) -> pa.Table:
     return pa.Table.from_batches(batches, schema=FACT_SCHEMA) if batches else FACT_SCHEMA.empty_table()
 
 
+def _answer_kinds(facts: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows are Produce batches, and which are Produce answers."""
+    fact = facts.column("fact")
+    batch = pc.and_(pc.equal(fact, "produce_batch"), pc.equal(facts.column("api_key"), ApiKey.PRODUCE))
+    return (
+        pc.fill_null(batch, False).to_numpy(zero_copy_only=False),
+        pc.fill_null(pc.equal(fact, "produce_ack"), False).to_numpy(zero_copy_only=False),
+    )
+
+
+def answered_batches(facts: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``facts`` that are Produce batches, each once per answer to its call
+    (same capture, connection, correlation id, topic and partition; a batch with a null in
+    any of them has none), in their order, and those answers' rows (-1: none): the left
+    outer join of the batches with the answers, as row numbers (integer codes, one sort of
+    the answers and a binary search per batch)."""
+    is_batch, is_answer = _answer_kinds(facts)
+    batches, answers = np.flatnonzero(is_batch), np.flatnonzero(is_answer)
+    if len(answers) == 0 or len(batches) == 0:
+        return batches, np.full(len(batches), -1, np.int64)
+    call = combined([dense(facts.column(name)) for name in _CALL])
+    for name in _CALL:
+        if facts.column(name).null_count:  # a null matches nothing
+            call[pc.is_null(facts.column(name)).to_numpy(zero_copy_only=False)] = NULL
+    batch_call, answer_call = call[batches], call[answers]
+    by_call = np.argsort(answer_call, kind="stable")
+    sorted_calls = answer_call[by_call]
+    first = np.searchsorted(sorted_calls, batch_call, "left")
+    count = np.where(batch_call == NULL, 0, np.searchsorted(sorted_calls, batch_call, "right") - first)
+    if (count == 1).all():  # the usual case: one answer each
+        return batches, answers[by_call[first]]
+    times = np.maximum(count, 1)
+    mine = np.repeat(np.arange(len(batches)), times)
+    nth = np.arange(len(mine)) - np.repeat(np.cumsum(times) - times, times)
+    at = by_call[np.minimum(first[mine] + nth, len(by_call) - 1)]
+    return batches[mine], np.where(count[mine] > 0, answers[at], -1)
+
+
+def _acknowledged(facts: pa.Table, answer_rows: np.ndarray) -> pa.Array:
+    """Whether each answer's error code was 0 (null where there is no answer)."""
+    codes = facts.column("error_code").take(pa.array(np.maximum(answer_rows, 0), mask=answer_rows < 0))
+    out = pc.equal(codes, 0)
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+def _with_answers(facts: pa.Table, batch_rows: np.ndarray, acknowledged: pa.Array) -> pa.Table:
+    """The facts other than Produce batches and answers, then the batches at ``batch_rows``
+    with ``acknowledged`` (a ``produce_batch`` of another api key is neither)."""
+    produce = pa.array(["produce_batch", "produce_ack"])
+    others = facts.filter(pc.invert(pc.is_in(facts.column("fact"), value_set=produce)))
+    others = others.append_column("acknowledged", pa.nulls(others.num_rows, pa.bool_()))
+    batches = facts.take(pa.array(batch_rows)).append_column("acknowledged", acknowledged)
+    return pa.concat_tables([others, batches.select(others.column_names)], promote_options="permissive")
+
+
 def merge_acks(facts: pa.Table) -> pa.Table:
     """Facts with each Produce batch's answer on its row (``acknowledged``: its partition's
     error code was 0; null when no answer was captured) and the answers left out: the join
     that pairs them is within one connection, so it happens here, not in Spark."""
-    fact = facts.column("fact")
-    batches = facts.filter(
-        pc.and_(pc.equal(fact, "produce_batch"), pc.equal(facts.column("api_key"), ApiKey.PRODUCE))
-    )
-    acks = facts.filter(pc.equal(fact, "produce_ack"))
-    answers = pa.table(
-        {
-            **{name: acks.column(name) for name in _CALL},
-            "acknowledged": pc.equal(acks.column("error_code"), 0),
-        }
-    )
-    joined = batches.join(answers, _CALL, join_type="left outer", use_threads=False)
-    others = facts.filter(pc.invert(pc.is_in(fact, value_set=pa.array(["produce_batch", "produce_ack"]))))
-    others = others.append_column("acknowledged", pa.nulls(others.num_rows, pa.bool_()))
-    return pa.concat_tables([others, joined.select(others.column_names)], promote_options="permissive")
+    batch_rows, answer_rows = answered_batches(facts)
+    return _with_answers(facts, batch_rows, _acknowledged(facts, answer_rows))

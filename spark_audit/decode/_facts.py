@@ -116,7 +116,7 @@ def _fact_batch(place: pa.RecordBatch, fact: str, columns: dict[str, pa.Array]) 
     arrays = []
     for field in FACT_SCHEMA:
         if field.name == "fact":
-            arrays.append(pa.array([fact] * n, pa.string()))
+            arrays.append(pa.repeat(pa.scalar(fact, pa.string()), n))
         elif field.name in columns:
             arrays.append(columns[field.name])
         elif field.name in place.schema.names:
@@ -126,24 +126,25 @@ def _fact_batch(place: pa.RecordBatch, fact: str, columns: dict[str, pa.Array]) 
     return pa.RecordBatch.from_arrays(arrays, schema=FACT_SCHEMA)
 
 
-def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarray]:
-    """Facts of the batch's Produce frames of the common shape (:mod:`._produce_vectorised`), and
-    which rows those were; the other rows are decoded one by one."""
+def _vector_facts(batch: pa.RecordBatch, among: np.ndarray | None) -> tuple[list[pa.RecordBatch], np.ndarray]:
+    """Facts of the batch's Produce frames (of the rows ``among``, a mask, if given) of the
+    common shape (:mod:`._produce_vectorised`, reading the frames in place), and which rows
+    those were; the other rows are decoded one by one."""
     taken = np.zeros(batch.num_rows, dtype=bool)
     out: list[pa.RecordBatch] = []
     produce = pc.fill_null(pc.equal(batch.column("api_key"), ApiKey.PRODUCE), False)
     for direction in ("request", "response"):
         chosen = pc.and_(produce, pc.fill_null(pc.equal(batch.column("direction"), direction), False))
-        index = np.flatnonzero(chosen.to_numpy(zero_copy_only=False))
+        mask = chosen.to_numpy(zero_copy_only=False)
+        index = np.flatnonzero(mask if among is None else mask & among)
         if len(index) == 0:
             continue
-        frames = batch.select([*_PLACE, "frame", "frame_length"]).take(pa.array(index))
         decode_shape = decode_requests if direction == "request" else decode_responses
-        done = decode_shape(frames)
+        done = decode_shape(batch, index)
         if len(done.rows) == 0:
             continue
         taken[index[done.rows]] = True
-        place = frames.select(_PLACE).take(pa.array(done.rows))
+        place = batch.select(_PLACE).take(pa.array(index[done.rows]))
         if direction == "request":
             out.append(_fact_batch(place, "produce_batch", done.columns))
             continue
@@ -155,26 +156,36 @@ def _vector_facts(batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], np.ndarr
     return out, taken
 
 
+def decode_rows(batch: pa.RecordBatch, among: np.ndarray | None = None) -> Iterator[pa.RecordBatch]:
+    """Facts of the frames of ``batch`` (:data:`INPUT_COLUMNS` as :func:`broker_frames` gives
+    them), or only of its rows ``among`` (a mask): the Produce frames of the common shape are
+    read where they are, so a caller need not copy the frames it chose."""
+    if "lineage_id" not in batch.schema.names:  # frames of a capture side without lineage
+        batch = batch.append_column("lineage_id", pa.nulls(batch.num_rows, pa.int32()))
+    vectorised, taken = _vector_facts(batch, among)
+    yield from vectorised
+    left = ~taken if among is None else among & ~taken
+    if not left.any():
+        return
+    rest = batch if left.all() else batch.filter(pa.array(left))
+    rows: list[dict] = []
+    places = rest.select(_PLACE).to_pylist()  # one conversion per batch, not per value
+    lengths = rest.column("frame_length").to_pylist()
+    for place, frame, length in zip(places, rest.column("frame").to_pylist(), lengths, strict=True):
+        if frame is None or place["api_key"] is None:
+            continue
+        facts = decode(
+            place["api_key"], place["api_version"], place["direction"], frame, length or len(frame)
+        )
+        rows.extend({**place, **fact} for fact in facts)
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=FACT_SCHEMA)
+
+
 def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Facts of every frame in ``batches`` (the mapInArrow function of :func:`decode_facts`)."""
     for batch in batches:
-        if "lineage_id" not in batch.schema.names:  # frames of a capture side without lineage
-            batch = batch.append_column("lineage_id", pa.nulls(batch.num_rows, pa.int32()))
-        vectorised, taken = _vector_facts(batch)
-        yield from vectorised
-        rest = batch.filter(pa.array(~taken)) if taken.any() else batch
-        rows: list[dict] = []
-        places = rest.select(_PLACE).to_pylist()  # one conversion per batch, not per value
-        lengths = rest.column("frame_length").to_pylist()
-        for place, frame, length in zip(places, rest.column("frame").to_pylist(), lengths, strict=True):
-            if frame is None or place["api_key"] is None:
-                continue
-            facts = decode(
-                place["api_key"], place["api_version"], place["direction"], frame, length or len(frame)
-            )
-            rows.extend({**place, **fact} for fact in facts)
-        if rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=FACT_SCHEMA)
+        yield from decode_rows(batch)
 
 
 def decode_facts(frames: DataFrame, api_keys: frozenset[int] = DECODED_KEYS) -> DataFrame:

@@ -49,21 +49,25 @@ class Decoded:
 
 
 class _Frames:
-    """Big-endian reads at per-frame offsets over one binary array. ``ok`` marks the
-    frames still of the common shape: a read that would leave its frame drops the frame,
-    and a dropped frame is never read again (its values are 0)."""
+    """Big-endian reads at per-frame offsets over chosen rows of one binary array, read in
+    place (no frame is copied). ``ok`` marks the frames still of the common shape: a read
+    that would leave its frame drops the frame, and a dropped frame is never read again
+    (its values are 0)."""
 
-    def __init__(self, frames: pa.Array, lengths: pa.Array) -> None:
+    def __init__(self, frames: pa.Array, lengths: pa.Array, at: np.ndarray | None = None) -> None:
         if frames.type != pa.binary():
             frames = frames.cast(pa.binary())
         _, offsets, data = frames.buffers()
         n = len(frames)
         bounds = np.frombuffer(offsets, dtype=np.int32, count=n + 1, offset=4 * frames.offset)
-        self.start = bounds[:-1].astype(np.int64)
-        self.end = bounds[1:].astype(np.int64)
+        rows = np.arange(n) if at is None else at
+        self.start = bounds[rows].astype(np.int64)
+        self.end = bounds[rows + 1].astype(np.int64)
         self.data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
-        whole = pc.fill_null(pc.equal(pc.binary_length(frames), lengths), False)
-        self.ok = whole.to_numpy(zero_copy_only=False) & (self.end > self.start)
+        length = pc.fill_null(lengths, -1).to_numpy(zero_copy_only=False)[rows]
+        self.ok = (self.end - self.start == length) & (self.end > self.start)
+        if frames.null_count:
+            self.ok &= frames.is_valid().to_numpy(zero_copy_only=False)[rows]
 
     def require(self, condition: np.ndarray) -> None:
         self.ok &= condition
@@ -73,13 +77,18 @@ class _Frames:
         use = self.ok & where
         self.ok &= ~use | (pos + size <= self.end)
         use &= self.ok
-        value = np.zeros(len(use), np.uint64)
-        if use.any():
-            at = np.where(use, pos, 0)
-            for k in range(size):
-                value = (value << np.uint64(8)) | self.data[at + k].astype(np.uint64)
-            value[~use] = 0
-        return value
+        everywhere = use.all()
+        if not everywhere and not use.any():
+            return np.zeros(len(use), np.uint64)
+        at = pos if everywhere else np.where(use, pos, 0)
+        kind: type[np.unsignedinteger] = np.uint32 if size <= 4 else np.uint64  # fewer bytes moved
+        value: np.ndarray = self.data[at].astype(kind)
+        for k in range(1, size):
+            value = np.bitwise_or(np.left_shift(value, kind(8), out=value), self.data[at + k], out=value)
+        out = value.astype(np.uint64)
+        if not everywhere:
+            out[~use] = 0
+        return out
 
     def signed(self, pos: np.ndarray, size: int, where: np.ndarray | bool = True) -> np.ndarray:
         value = self.unsigned(pos, size, where)
@@ -169,11 +178,14 @@ def _null_string(
     return pos + np.where(where, np.where(flexible, 1, 2), 0)
 
 
-def _versions(api_version: pa.Array, is_request: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _versions(
+    api_version: pa.Array, at: np.ndarray | None, is_request: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each frame's version, whether it is one read here, and whether it is flexible."""
     cls = request_class(ApiKey.PRODUCE) if is_request else response_class(ApiKey.PRODUCE)
     last = min(LAST_VERSION, cls.max_version) if cls is not None else -1
     version = pc.fill_null(api_version, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    version = version if at is None else version[at]
     return version, (version >= FIRST_VERSION) & (version <= last), version >= PRODUCE_FIRST_FLEXIBLE
 
 
@@ -193,11 +205,12 @@ def _taken(
     return Decoded(rows, {"topic": topic, **{name: pa.array(v[rows], t) for name, (v, t) in values.items()}})
 
 
-def decode_requests(frames: pa.RecordBatch) -> Decoded:
+def decode_requests(frames: pa.RecordBatch, at: np.ndarray | None = None) -> Decoded:
     """``produce_batch`` facts of the Produce requests in ``frames`` (columns ``frame``,
-    ``frame_length``, ``api_version``) that have the common shape."""
-    f = _Frames(frames.column("frame"), frames.column("frame_length"))
-    version, known, flexible = _versions(frames.column("api_version"), True)
+    ``frame_length``, ``api_version``; only the rows ``at``, if given) that have the common
+    shape (``rows``: positions in ``at``)."""
+    f = _Frames(frames.column("frame"), frames.column("frame_length"), at)
+    version, known, flexible = _versions(frames.column("api_version"), at, True)
     f.require(known)
     f.require(f.signed(f.start + 4, 2) == ApiKey.PRODUCE)  # the frame's own header agrees with its row
     f.require(f.signed(f.start + 6, 2) == version)
@@ -241,11 +254,11 @@ def decode_requests(frames: pa.RecordBatch) -> Decoded:
     )
 
 
-def decode_responses(frames: pa.RecordBatch) -> Decoded:
+def decode_responses(frames: pa.RecordBatch, at: np.ndarray | None = None) -> Decoded:
     """``produce_ack`` facts (topic, partition, error code, base offset) of the Produce
-    answers in ``frames`` that have the common shape."""
-    f = _Frames(frames.column("frame"), frames.column("frame_length"))
-    version, known, flexible = _versions(frames.column("api_version"), False)
+    answers in ``frames`` (only the rows ``at``, if given) that have the common shape."""
+    f = _Frames(frames.column("frame"), frames.column("frame_length"), at)
+    version, known, flexible = _versions(frames.column("api_version"), at, False)
     f.require(known)
     pos = _no_tags(f, f.start + 8, flexible)  # size, correlation id
     pos = _count(f, pos, flexible)

@@ -37,6 +37,7 @@ from spark_audit.connections import (
     stray_answers,
     summaries,
 )
+from spark_audit.connections._anomalies import rows_where
 from tests.support.audit_builders import ACKS0, ACKS1, repair, req, resp, row, transactions_df, wire_rows
 
 EVENTS = ["skip_detected", "requeue", "probe_found_loss", "possible_duplicate", "give_up", "stale_drop"]
@@ -167,3 +168,14 @@ def test_a_hand_built_wire_capture_in_the_pass():
         ("w2", 5, "unanswered_at_capture_end"),
         ("w3", 1, "unanswered_at_capture_end"),
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=st.lists(st.one_of(st.none(), st.booleans()), max_size=20), size=st.integers(1, 8))
+def test_rows_where_gives_the_rows_a_filter_gives(mask, size):
+    """Also when the rows are one run (then a slice) and when the chunks are uneven."""
+    cuts = range(0, len(mask), size)
+    numbers = pa.chunked_array([pa.array(range(i, min(i + size, len(mask)))) for i in cuts], pa.int64())
+    chosen = pa.chunked_array([pa.array(mask[i : i + size], pa.bool_()) for i in cuts], pa.bool_())
+    got = rows_where(pa.table({"n": numbers}), chosen)
+    assert got.column("n").to_pylist() == [i for i, m in enumerate(mask) if m]

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture.format import CAPTURE_SCHEMA
-from spark_audit.connections import INPUT_COLUMNS, TRANSACTIONS_SCHEMA, connection_pass, match
+from spark_audit.connections import INPUT_COLUMNS, TRANSACTIONS_SCHEMA, connection_pass, match, merge_acks
+from spark_audit.decode import FACT_SCHEMA
 from tests.support.audit_builders import ACKS0, ACKS1, CAPTURE
 
 events = st.lists(
@@ -95,3 +96,44 @@ def test_the_pass_keeps_what_the_checks_read(drawn):
             1000 + mine[-1][0],
         )
     assert set(counts) == {d[0] for d in drawn}
+
+
+answers = st.lists(
+    st.tuples(
+        st.sampled_from(["produce_batch", "produce_batch", "produce_ack", "error"]),
+        st.sampled_from([0, 0, 3]),  # api key
+        st.sampled_from(["a", "b"]),  # connection
+        st.sampled_from([0, 1, None]),  # correlation id
+        st.sampled_from(["t", "u", None]),  # topic
+        st.sampled_from([0, 1, None]),  # partition
+        st.sampled_from([0, 6, None]),  # error code
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(drawn=answers)
+def test_batches_get_their_answers_as_a_left_outer_join_gives_them(drawn):
+    rows = []
+    for seq, (fact, api_key, conn, cid, topic, partition, error) in enumerate(drawn):
+        row = dict.fromkeys(FACT_SCHEMA.names)
+        row.update(capture_id=CAPTURE, connection_id=conn, seq=seq, wall_ns=seq, fact=fact, api_key=api_key)
+        row.update(correlation_id=cid, topic=topic, partition=partition, error_code=error)
+        rows.append(row)
+    facts = pa.Table.from_pylist(rows, schema=FACT_SCHEMA)
+    call = ["capture_id", "connection_id", "correlation_id", "topic", "partition"]
+    fact = facts.column("fact")
+    batches = facts.filter(pc.and_(pc.equal(fact, "produce_batch"), pc.equal(facts.column("api_key"), 0)))
+    acks = facts.filter(pc.equal(fact, "produce_ack"))
+    acked = pa.table(
+        {**{n: acks.column(n) for n in call}, "acknowledged": pc.equal(acks.column("error_code"), 0)}
+    )
+    joined = batches.join(acked, call, join_type="left outer", use_threads=False)
+    others = facts.filter(pc.invert(pc.is_in(fact, value_set=pa.array(["produce_batch", "produce_ack"]))))
+    want = others.to_pylist() + joined.select([*FACT_SCHEMA.names, "acknowledged"]).to_pylist()
+    for row in want[: others.num_rows]:
+        row["acknowledged"] = None
+    got = merge_acks(facts)
+    assert got.column_names == [*FACT_SCHEMA.names, "acknowledged"]
+    assert sorted(map(repr, got.to_pylist())) == sorted(map(repr, want))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from protocol import request_class, response_class
 from protocol.testing import encode_request, encode_response
 from spark_audit.decode import FACT_SCHEMA, decode
-from spark_audit.decode._facts import decode_batches
+from spark_audit.decode._facts import decode_batches, decode_rows
 from spark_audit.decode._produce_vectorised import decode_requests, decode_responses
 from tests.support.audit_builders import produce_answer, produce_frame, records
 
@@ -315,3 +316,57 @@ def test_decode_batches_gives_the_scalar_facts_with_either_path():
     expected = _scalar_rows(batch)
     assert sorted(map(_key, got)) == sorted(map(_key, expected))
     assert {"produce_batch", "produce_ack", "error", "undecodable"} <= {r["fact"] for r in got}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12)), min_size=1, max_size=12),
+    chosen=st.lists(st.booleans(), min_size=12, max_size=12),
+    sliced=st.booleans(),
+)
+def test_rows_read_in_place_read_as_the_same_rows_copied(picks, chosen, sliced):
+    kinds = [
+        (produce_frame(1, version=9, batch=records(2, producer_id=4, base_sequence=6)), produce_answer(1)),
+        (produce_frame(2, version=7, topic="ab"), produce_answer(2, error_code=6, topic="u", partition=3)),
+        (produce_frame(3, version=9, transactional_id="tx"), produce_answer(3)[:-3]),  # left to the scalar
+        (b"\x00\x00\x00\x01\x00", b""),  # too short for anything
+    ]
+    for direction, decode_shape in ((0, decode_requests), (1, decode_responses)):
+        frames = [kinds[kind][direction] for kind, _ in picks]
+        versions = [min(max(version, 3), 12) for _, version in picks]
+        whole = _batch([FILLER, *frames], [7, *versions], [len(FILLER), *(len(f) for f in frames)])
+        batch = whole.slice(1) if sliced else whole
+        offset = 0 if sliced else 1
+        at = np.flatnonzero(np.array(chosen[: len(picks)])) + offset
+        copied = decode_shape(batch.take(pa.array(at, pa.int64())))
+        in_place = decode_shape(batch, at)
+        assert list(in_place.rows) == list(copied.rows)
+        assert {k: v.to_pylist() for k, v in in_place.columns.items()} == {
+            k: v.to_pylist() for k, v in copied.columns.items()
+        }
+
+
+def test_decode_rows_of_a_mask_gives_the_facts_of_those_rows_alone():
+    frames = [produce_frame(1, version=9), produce_answer(1), produce_frame(2, version=2), produce_answer(9)]
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {
+                "capture_id": "cap",
+                "connection_id": "c1",
+                "seq": seq,
+                "wall_ns": seq,
+                "direction": "request" if seq % 2 == 0 else "response",
+                "api_key": 0,
+                "api_version": 9 if seq != 2 else 2,
+                "correlation_id": seq,
+                "frame": frame,
+                "frame_length": len(frame),
+            }
+            for seq, frame in enumerate(frames)
+        ]
+    )
+    among = np.array([False, True, True, False])
+    got = [row for out in decode_rows(batch, among) for row in out.to_pylist()]
+    want = [row for out in decode_batches(iter([batch.filter(pa.array(among))])) for row in out.to_pylist()]
+    assert sorted(map(_key, got)) == sorted(map(_key, want))
+    assert sorted(r["seq"] for r in got) == [1, 2]
