@@ -70,12 +70,14 @@ def combined(codes: list[np.ndarray], keep_order: bool = False) -> np.ndarray:
     for code in codes:
         shifted = code + 1
         radix = int(shifted.max(initial=0)) + 1
-        if size * radix >= _ROOM:  # make the codes so far dense again, then go on
+        if size * radix >= _ROOM:  # make the codes so far dense again (0 .. distinct - 1), then go on
             if keep_order:
                 _, out = np.unique(out, return_inverse=True)
             else:
-                out = dense(pa.array(out))
+                out = _indices(pa.array(out))[0]  # not dense(): subtraction codes could stay wide
             size = int(out.max(initial=0)) + 1
+            if size * radix >= 1 << 63:  # past an int64 even now: distinct tuples would share a code
+                raise OverflowError(f"{size} distinct tuples times a radix of {radix} do not fit an int64")
         out = out * radix + shifted
         size *= radix
     return out

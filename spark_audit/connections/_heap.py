@@ -14,6 +14,8 @@ import ctypes.util
 
 MMAP_THRESHOLD = 64 << 20
 """Allocations below this come from the heap, not from a mapping of their own."""
+OLD_GLIBC_MMAP_THRESHOLD = 32 << 20
+"""The most an older glibc accepts (half its fixed 64 MiB heap size on 64 bits)."""
 TRIM_THRESHOLD = 256 << 20
 """Free memory at the heap's top is given back to the kernel only above this: what a
 1.25 M-row partition frees and allocates again (at 64 or 128 MB, 60 % of the faults stay).
@@ -27,7 +29,8 @@ _kept: bool | None = None
 
 def keep_heap() -> bool:
     """Raise the C library's thresholds, once per process; False where there is no
-    ``mallopt`` (a C library other than glibc): nothing changes then."""
+    ``mallopt`` (a C library other than glibc) or it refused both: nothing changes then.
+    Older glibc refuses a mapping threshold over 32 MiB: that one is tried next."""
     global _kept
     if _kept is None:
         try:
@@ -36,7 +39,9 @@ def keep_heap() -> bool:
         except (OSError, AttributeError):
             _kept = False
         else:
-            _kept = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            mapped = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) or bool(
+                mallopt(_M_MMAP_THRESHOLD, OLD_GLIBC_MMAP_THRESHOLD)
             )
+            trimmed = bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            _kept = mapped or trimmed
     return _kept

@@ -81,3 +81,14 @@ def test_sort_order_is_the_stable_lexicographic_order(keys):
         return
     columns = [np.array([row[k] for row in keys], np.int64) for k in range(len(keys[0]))]
     assert list(sort_order(*columns)) == sorted(range(len(keys)), key=lambda i: keys[i])
+
+
+def test_two_wide_integer_columns_keep_distinct_tuples_apart():
+    """Each spans nearly 2**32, so their product passes the room left: the codes so far are
+    made dense again before the second goes on (a review found subtraction codes kept wide
+    there, and two tuples sharing a code)."""
+    a = pa.array([2**32 - 1, 0, 0, 0], pa.int64())
+    b = pa.array([2**32 - 1, 2**32 - 2, 0, None], pa.int64())
+    for keep_order in (False, True):
+        codes = combined([dense(a), dense(b)], keep_order=keep_order)
+        assert len(set(codes.tolist())) == 4
