@@ -43,8 +43,8 @@ BATCH_SENDS_SCHEMA = pa.schema(
 
 
 def plain_batches(facts: pa.Table) -> pa.Array:
-    """Which of ``facts`` (each Produce batch with ``acknowledged``) are sends of a batch
-    without a producer id, outside a transaction: the duplicate check's batches."""
+    """Which of ``facts`` are sends of a Produce batch without a producer id, outside a
+    transaction: the duplicate check's batches."""
     fact, api_key = facts.column("fact"), facts.column("api_key")
     chosen = pc.and_(pc.equal(fact, "produce_batch"), pc.equal(api_key, ApiKey.PRODUCE))
     plain = pc.and_(pc.is_valid(facts.column("crc")), pc.less(facts.column("producer_id"), 0))
@@ -77,8 +77,7 @@ def _lineages(t: pa.Table, order: np.ndarray, new: np.ndarray, starts: np.ndarra
     lineage = sub.column("lineage_id").chunk(0)
     alone = lineage.is_null().to_numpy(zero_copy_only=False)
     ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
-    captures, connections = (dense(sub.column(name)) for name in LINEAGE[:-1])
-    key = (captures * (int(connections.max()) + 2) + connections) << 32 | ids  # one int per lineage
+    key = combined([*(dense(sub.column(name)) for name in LINEAGE[:-1]), ids])  # one int per lineage
     mine = group[rows]
     by_lineage = np.lexsort((key, mine))
     key, mine_sorted = key[by_lineage], mine[by_lineage]

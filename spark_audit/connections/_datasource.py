@@ -142,16 +142,6 @@ def _gather(part: Connections, headers: bool, bodies: bool) -> tuple[pa.Table, p
     return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
 
 
-def gather(part: Connections) -> pa.Table:
-    """Every row of the partition's connections, without frames, with Produce acks."""
-    return _gather(part, headers=True, bodies=False)[0]
-
-
-def gather_facts(part: Connections) -> pa.Table:
-    """The facts of the broker-side bodies of the partition's connections."""
-    return _gather(part, headers=False, bodies=True)[1]
-
-
 def read_connections(
     part: Connections,
     table: str = "transactions",

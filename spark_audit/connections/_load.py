@@ -73,11 +73,16 @@ def transactions_of(rows: DataFrame) -> DataFrame:
     )
 
 
+def _facts_of_table(table: pa.Table, sum_plain_sends: bool) -> pa.Table:
+    """The facts pass over a group of whole connections' rows."""
+    return facts_pass(decode_table(broker_frames(table)), sum_plain_sends)
+
+
 def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
     """The facts of the same rows, by the same shuffle."""
 
     def one_pass(table: pa.Table) -> pa.Table:
-        return facts_pass(decode_table(broker_frames(table)), sum_plain_sends)
+        return _facts_of_table(table, sum_plain_sends)
 
     return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, FACTS_SPARK_SCHEMA)
 
@@ -95,7 +100,7 @@ def audit_of(
         audit = audit_pass(table.drop_columns(["_bucket"]), window_s, slow_min_ms)
         if not with_facts:
             return audit
-        return audit_and_facts(audit, facts_pass(decode_table(broker_frames(table)), sum_plain_sends=True))
+        return audit_and_facts(audit, _facts_of_table(table, sum_plain_sends=True))
 
     schema = AUDIT_AND_FACTS_SPARK_SCHEMA if with_facts else AUDIT_SPARK_SCHEMA
     return _by_connection(rows).groupBy("_bucket").applyInArrow(one_pass, schema)

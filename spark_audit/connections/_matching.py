@@ -87,11 +87,15 @@ def _flags(column: pa.ChunkedArray | pa.Array, fill: bool) -> np.ndarray:
     return pc.fill_null(column, fill).to_numpy(zero_copy_only=False)
 
 
-def _in_seq_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's connection as a number, its seq, and the order of the rows by both."""
+def _in_seq_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The order of the rows by connection and seq, and in that order each row's connection
+    as a number, whether it is a request, its id, and whether it expects an answer."""
     conn_ids = combined([dense(table.column("capture_id")), dense(table.column("connection_id"))])
-    seq = _ints(table.column("seq"))
-    return conn_ids, seq, sort_order(conn_ids, seq)
+    order = sort_order(conn_ids, _ints(table.column("seq")))
+    is_req = _flags(pc.equal(table.column("direction"), "request"), False)[order]
+    cid = _ints(table.column("cid"))[order]
+    expects = _flags(table.column("expects"), True)[order]
+    return order, conn_ids[order], is_req, cid, expects
 
 
 def _pick(column: pa.ChunkedArray | pa.Array, index: np.ndarray, valid: np.ndarray) -> pa.Array:
@@ -110,11 +114,7 @@ def answers_in_order(table: pa.Table) -> bool:
     n = table.num_rows
     if n == 0:
         return True
-    conn_ids, _, order = _in_seq_order(table)
-    conn = conn_ids[order]
-    is_req = _flags(pc.equal(table.column("direction"), "request"), False)[order]
-    cid = _ints(table.column("cid"))[order]
-    expects = _flags(table.column("expects"), True)[order]
+    _, conn, is_req, cid, expects = _in_seq_order(table)
     req_conn, req_cid = conn[is_req], cid[is_req]
     same = req_conn[1:] == req_conn[:-1]
     if (req_cid[1:][same] <= req_cid[:-1][same]).any():  # ids repeat or wrap: pair in full
@@ -136,13 +136,9 @@ def match(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return PAIRS_SCHEMA.empty_table()
     table = table.combine_chunks()
-    conn_ids, _, by_seq = _in_seq_order(table)  # the rows stay where they are: positions below
-    n = table.num_rows  # are in seq order, by_seq maps them to rows
+    by_seq, conn, is_req, cid, expects = _in_seq_order(table)  # the rows stay where they are:
+    n = table.num_rows  # positions below are in seq order, by_seq maps them to rows
     pos = np.arange(n, dtype=np.int64)
-    conn = conn_ids[by_seq]
-    is_req = _flags(pc.equal(table.column("direction"), "request"), False)[by_seq]
-    cid = _ints(table.column("cid"))[by_seq]
-    expects = _flags(table.column("expects"), True)[by_seq]
 
     # Per connection and id, in seq order (the sort is stable, rows are already in seq order).
     by_id = sort_order(conn, cid)
