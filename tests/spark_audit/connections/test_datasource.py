@@ -126,6 +126,17 @@ def test_one_read_gives_the_audit_table_and_the_facts_as_their_own_reads(spark, 
     assert both.count() == audit.count() + facts.count()
 
 
+@pytest.mark.parametrize("table", ["transactions", "audit_and_facts"])
+def test_joining_batches_changes_no_row(spark, capture, table):
+    """The writer's batches are read joined (``group_rows``) to save calls, not to change
+    what they give: a batch at a time, a few joined, or a whole file give the same rows."""
+    options = {"sum_plain_sends": "true"}
+    alone = _read(spark, capture, 2, table, group_rows="1", **options)
+    assert alone.count() > CONNECTIONS
+    for group_rows in ("12", "1000000"):
+        assertDataFrameEqual(_read(spark, capture, 2, table, group_rows=group_rows, **options), alone)
+
+
 @pytest.mark.parametrize("load", [load_transactions, load_facts])
 def test_the_job_loads_either_way(spark, capture, load):
     assertDataFrameEqual(load(spark, str(capture)), load(spark, str(capture), via="binaryfile"))
