@@ -3,8 +3,9 @@ reduced in ``read()`` to its transactions (:func:`connection_pass`).
 
 ``partitions()`` plans from the per-file connection index (:mod:`._plan`); ``read()``
 gathers its connections' rows from every file that holds them, reading each file
-memory-mapped up to its last whole batch, and reads Produce acks straight from the mapped
-frame bytes, so no frame is copied. Options: ``path`` (``load(path)``), ``partitions``
+memory-mapped up to its last whole batch, joins consecutive batches into groups (one copy
+of the columns the pass reads, :data:`GROUP_ROWS`), and reads Produce acks and bodies
+straight from each group's frame bytes. Options: ``path`` (``load(path)``), ``partitions``
 (default 2) and ``min_partition_rows`` (default 200,000: a small capture stays one
 partition, one Python worker); ``table``: ``transactions`` (the default) or ``facts``, the
 decoded broker-side bodies of the same connections (two narrow tables cost the JVM less than
@@ -33,6 +34,7 @@ from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, audit_and_facts, audit_pass
 from spark_audit.connections._heap import keep_heap
+from spark_audit.connections._matching import CONNECTION_CODE
 from spark_audit.connections._pass import (
     FACTS_SCHEMA,
     HEADER_COLUMNS,
@@ -76,12 +78,13 @@ class Connections(InputPartition):
     files: tuple[str, ...]
 
 
-def _headers(batch: pa.RecordBatch, rows: np.ndarray | None) -> pa.Table:
-    """The pass's columns of ``rows`` of ``batch`` (all if None), with acks read in place."""
+def _headers(batch: pa.RecordBatch, rows: np.ndarray | None, codes: np.ndarray) -> pa.Table:
+    """The pass's columns of ``rows`` of ``batch`` (all if None), with acks read in place
+    and each row's connection code (``codes``, per row of the batch)."""
     names = batch.schema.names
     n = batch.num_rows if rows is None else len(rows)
     index = None if rows is None else pa.array(rows)
-    columns = {}
+    columns: dict[str, pa.Array] = {CONNECTION_CODE: pa.array(codes if rows is None else codes[rows])}
     for name in HEADER_COLUMNS:
         if name in names:
             column = batch.column(name)
@@ -99,76 +102,76 @@ def _headers(batch: pa.RecordBatch, rows: np.ndarray | None) -> pa.Table:
     return pa.table(columns)
 
 
-def _wanted(connections: tuple[str, ...]) -> dict[str, pa.Array]:
-    """The connection ids of each capture among connection keys."""
-    ids: dict[str, list[str]] = {}
-    for key in connections:
+def _wanted(connections: tuple[str, ...]) -> dict[str, tuple[pa.Array, np.ndarray]]:
+    """The connection ids of each capture among connection keys, and where each id's key
+    is among them."""
+    ids: dict[str, tuple[list[str], list[int]]] = {}
+    for at, key in enumerate(connections):
         capture, _, connection = key.partition(SEPARATOR)
-        ids.setdefault(capture, []).append(connection)
-    return {capture: pa.array(names, pa.string()) for capture, names in ids.items()}
+        names, places = ids.setdefault(capture, ([], []))
+        names.append(connection)
+        places.append(at)
+    return {
+        capture: (pa.array(names, pa.string()), np.array(places, np.int64))
+        for capture, (names, places) in ids.items()
+    }
 
 
-def _mine(batch: pa.RecordBatch, keys: pa.Array, wanted: dict[str, pa.Array]) -> np.ndarray:
-    """Which rows of ``batch`` belong to the connections ``keys`` (``wanted``, by capture).
-    A batch of one capture, the usual case, is matched on its connection ids alone."""
+def _codes(
+    batch: pa.RecordBatch, keys: pa.Array, wanted: dict[str, tuple[pa.Array, np.ndarray]]
+) -> np.ndarray:
+    """Each row's connection as its place among the partition's connection ``keys``
+    (``wanted``, by capture), -1 for rows of other connections: which rows are the
+    partition's, and the pass's connection code (:data:`CONNECTION_CODE`) for free. A batch
+    of one capture, the usual case, is matched on its connection ids alone."""
     captures = pc.unique(batch.column("capture_id"))
     if len(captures) == 1 and captures[0].is_valid:
-        ids = wanted.get(captures[0].as_py())
-        if ids is None:
-            return np.zeros(batch.num_rows, dtype=bool)
-        mine = pc.is_in(batch.column("connection_id"), value_set=ids)
-    else:
-        mine = pc.is_in(connection_keys(batch), value_set=keys)
-    return pc.fill_null(mine, False).to_numpy(zero_copy_only=False)
+        found = wanted.get(captures[0].as_py())
+        if found is None:
+            return np.full(batch.num_rows, -1, np.int64)
+        ids, places = found
+        local = pc.fill_null(pc.index_in(batch.column("connection_id"), value_set=ids), -1).to_numpy()
+        return np.where(local >= 0, places[np.maximum(local, 0)], -1)
+    return pc.fill_null(pc.index_in(connection_keys(batch), value_set=keys), -1).to_numpy().astype(np.int64)
 
 
-def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """Each batch holding rows of the partition's connections, from every file that holds
-    them, with those rows (None: all of them)."""
+    them, with each row's connection code (:func:`_codes`; -1: not the partition's)."""
     keys, wanted = pa.array(part.connections, pa.string()), _wanted(part.connections)
     for path in part.files:
         with open_file(path) as source:
             for batch in stream_batches(source, path):
-                mine = _mine(batch, keys, wanted)
-                if mine.all():
-                    yield batch, None
-                elif mine.any():
-                    yield batch, mine
+                codes = _codes(batch, keys, wanted)
+                if (codes >= 0).any():
+                    yield batch, codes
 
 
-def _joined(
-    batches: list[pa.RecordBatch], masks: list[np.ndarray | None]
-) -> tuple[pa.RecordBatch, np.ndarray | None]:
-    """Batches of one schema as one batch of the columns the pass reads, and their rows."""
+def _joined(batches: list[pa.RecordBatch], codes: list[np.ndarray]) -> tuple[pa.RecordBatch, np.ndarray]:
+    """Batches of one schema as one batch of the columns the pass reads, and their rows'
+    connection codes."""
     names = [name for name in batches[0].schema.names if name in READ_COLUMNS]
     if len(batches) == 1:
-        return batches[0].select(names), masks[0]
+        return batches[0].select(names), codes[0]
     joined = pa.Table.from_batches([batch.select(names) for batch in batches]).combine_chunks()
-    mine = None
-    if any(mask is not None for mask in masks):
-        mine = np.concatenate(
-            [np.ones(b.num_rows, bool) if m is None else m for b, m in zip(batches, masks, strict=True)]
-        )
-    return joined.to_batches(max_chunksize=joined.num_rows)[0], mine
+    return joined.to_batches(max_chunksize=joined.num_rows)[0], np.concatenate(codes)
 
 
-def _groups(part: Connections, group_rows: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+def _groups(part: Connections, group_rows: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """:func:`_batches` joined up to ``group_rows`` rows each (the batches of one group
     share a schema; a bigger batch is a group alone)."""
     batches: list[pa.RecordBatch] = []
-    masks: list[np.ndarray | None] = []
+    codes: list[np.ndarray] = []
     rows = 0
-    for batch, mine in _batches(part):
-        if batch.num_rows == 0:
-            continue
+    for batch, code in _batches(part):
         if batches and (rows + batch.num_rows > group_rows or batch.schema != batches[0].schema):
-            yield _joined(batches, masks)
-            batches, masks, rows = [], [], 0
+            yield _joined(batches, codes)
+            batches, codes, rows = [], [], 0
         batches.append(batch)
-        masks.append(mine)
+        codes.append(code)
         rows += batch.num_rows
     if batches:
-        yield _joined(batches, masks)
+        yield _joined(batches, codes)
 
 
 def _gather(part: Connections, headers: bool, bodies: bool, group_rows: int) -> tuple[pa.Table, pa.Table]:
@@ -177,11 +180,13 @@ def _gather(part: Connections, headers: bool, bodies: bool, group_rows: int) -> 
     a group of batches at a time (:func:`_groups`): frames are read where they are, in the
     group, and not copied again."""
     rows, facts = [], [FACT_SCHEMA.empty_table()]
-    for batch, mine in _groups(part, group_rows):
+    for batch, codes in _groups(part, group_rows):
+        mine = codes >= 0
+        every = bool(mine.all())
         if headers:
-            rows.append(_headers(batch, None if mine is None else np.flatnonzero(mine)))
+            rows.append(_headers(batch, None if every else np.flatnonzero(mine), codes))
         if bodies and "frame" in batch.schema.names:
-            facts.append(decode_broker(batch, mine))
+            facts.append(decode_broker(batch, None if every else mine))
     return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
 
 

@@ -44,6 +44,10 @@ INPUT_COLUMNS = [
     "expects",
 ]
 """The columns :func:`match` reads (its input may carry more, which it ignores)."""
+CONNECTION_CODE = "connection_code"
+"""An optional input column: each row's connection (capture and connection id) as an
+integer, equal exactly where the connection is. The partition's read has it for free from
+choosing its rows, so the pass need not hash the two string columns again."""
 
 PAIRS_SCHEMA = pa.schema(
     [
@@ -87,10 +91,18 @@ def _flags(column: pa.ChunkedArray | pa.Array, fill: bool) -> np.ndarray:
     return pc.fill_null(column, fill).to_numpy(zero_copy_only=False)
 
 
+def connection_codes(table: pa.Table) -> np.ndarray:
+    """Each row's connection as an integer: :data:`CONNECTION_CODE` if the table has it,
+    else coded from ``capture_id`` and ``connection_id``."""
+    if CONNECTION_CODE in table.column_names:
+        return _ints(table.column(CONNECTION_CODE))
+    return combined([dense(table.column("capture_id")), dense(table.column("connection_id"))])
+
+
 def _in_seq_order(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The order of the rows by connection and seq, and in that order each row's connection
     as a number, whether it is a request, its id, and whether it expects an answer."""
-    conn_ids = combined([dense(table.column("capture_id")), dense(table.column("connection_id"))])
+    conn_ids = connection_codes(table)
     order = sort_order(conn_ids, _ints(table.column("seq")))
     is_req = _flags(pc.equal(table.column("direction"), "request"), False)[order]
     cid = _ints(table.column("cid"))[order]

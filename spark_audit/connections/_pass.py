@@ -21,11 +21,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corrfix.capture.format import Source
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._batch_sends import BATCH, BATCH_SENDS_SCHEMA, FIRST, plain_batches, sum_sends
 from spark_audit.connections._codes import NULL, combined, dense
-from spark_audit.connections._matching import INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
+from spark_audit.connections._matching import (
+    CONNECTION_CODE,
+    INPUT_COLUMNS,
+    PAIRS_SCHEMA,
+    answers_in_order,
+    connection_codes,
+    match,
+)
 from spark_audit.decode import DECODED_KEYS, FACT_SCHEMA, decode_batches, decode_rows
 
 KEY = ["capture_id", "connection_id"]
@@ -129,7 +137,7 @@ def with_acks(table: pa.Table) -> pa.Table:
     return table.append_column("acks", pa.array(acks, pa.int16(), mask=acks == UNKNOWN))
 
 
-_MATCHED = [*(c for c in INPUT_COLUMNS if c not in ("cid", "expects")), "source", "acks"]
+_MATCHED = [*(c for c in INPUT_COLUMNS if c not in ("cid", "expects")), "source", "acks", CONNECTION_CODE]
 """The columns a side's frames need for :func:`_match_input` (only these are filtered)."""
 
 
@@ -245,7 +253,11 @@ def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
     )
     expects = pc.if_else(is_request, pc.invert(pc.fill_null(no_answer, False)), pa.nulls(n, pa.bool_()))
     columns = {c: frames.column(c) for c in INPUT_COLUMNS if c not in ("cid", "expects")}
-    return pa.table({**columns, "cid": frames.column(id_column), "expects": expects}).select(INPUT_COLUMNS)
+    codes = (
+        {CONNECTION_CODE: frames.column(CONNECTION_CODE)} if CONNECTION_CODE in frames.column_names else {}
+    )
+    chosen = pa.table({**columns, "cid": frames.column(id_column), "expects": expects})
+    return pa.table({**{c: chosen.column(c) for c in INPUT_COLUMNS}, **codes})
 
 
 def _conform(
@@ -263,20 +275,36 @@ def _conform(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _source_codes(source: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``source`` as an integer per row: the two sources by comparison (no hashing), any
+    other value (or null) by its dictionary code after them."""
+    codes = np.full(len(source), 2, np.int64)
+    for code, name in enumerate(Source):
+        codes[pc.fill_null(pc.equal(source, name.value), False).to_numpy(zero_copy_only=False)] = code
+    others = codes == 2
+    if others.any():
+        codes[others] = 3 + dense(pc.filter(source, pa.array(others)))
+    return codes
+
+
 def _stats(table: pa.Table) -> pa.Table:
+    """Rows, frames, repairs and wall-clock span per connection and source, grouped by one
+    integer key (:data:`CONNECTION_CODE` and the source): the strings are taken once per
+    group, from its first row."""
     kind = table.column("kind")
+    key = combined([connection_codes(table), _source_codes(table.column("source"))])
     counted = pa.table(
         {
-            "capture_id": table.column("capture_id"),
-            "connection_id": table.column("connection_id"),
-            "source": table.column("source"),
+            "key": key,
+            "row": np.arange(table.num_rows, dtype=np.int64),
             "is_frame": pc.cast(pc.equal(kind, "frame"), pa.int64()),
             "is_repair": pc.cast(pc.equal(kind, "repair"), pa.int64()),
             "wall_ns": table.column("wall_ns"),
         }
     )
-    grouped = counted.group_by(["capture_id", "connection_id", "source"], use_threads=False).aggregate(
+    grouped = counted.group_by(["key"], use_threads=False).aggregate(
         [
+            ("row", "min"),
             ("wall_ns", "count"),
             ("is_frame", "sum"),
             ("is_repair", "sum"),
@@ -284,13 +312,16 @@ def _stats(table: pa.Table) -> pa.Table:
             ("wall_ns", "max"),
         ]
     )
-    renamed = grouped.rename_columns(
+    first = grouped.column("row_min")
+    named = {name: table.column(name).take(first) for name in ("capture_id", "connection_id", "source")}
+    renamed = pa.table(
         {
-            "wall_ns_count": "rows",
-            "is_frame_sum": "frames",
-            "is_repair_sum": "repairs",
-            "wall_ns_min": "first_wall_ns",
-            "wall_ns_max": "last_wall_ns",
+            **named,
+            "rows": grouped.column("wall_ns_count"),
+            "frames": grouped.column("is_frame_sum"),
+            "repairs": grouped.column("is_repair_sum"),
+            "first_wall_ns": grouped.column("wall_ns_min"),
+            "last_wall_ns": grouped.column("wall_ns_max"),
         }
     )
     return _conform(renamed, kind="connection")
@@ -298,10 +329,13 @@ def _stats(table: pa.Table) -> pa.Table:
 
 def connection_pass(table: pa.Table) -> pa.Table:
     """The transactions of ``table``: the rows of whole connections (:data:`HEADER_COLUMNS`
-    plus ``acks`` or ``frame``), any number of them, in any order."""
+    plus ``acks`` or ``frame``, and optionally :data:`CONNECTION_CODE`), any number of
+    them, in any order."""
     if table.num_rows == 0:
         return TRANSACTIONS_SCHEMA.empty_table()
     table = with_acks(table).combine_chunks()
+    if CONNECTION_CODE not in table.column_names:
+        table = table.append_column(CONNECTION_CODE, pa.array(connection_codes(table), pa.int64()))
     kind = table.column("kind")
     kept = table.filter(pc.is_in(kind, value_set=pa.array(["repair", "close"])))
     parts = [_side(table, side, id_column) for side, id_column in SIDES]

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture.format import CAPTURE_SCHEMA
-from spark_audit.connections import INPUT_COLUMNS, TRANSACTIONS_SCHEMA, connection_pass, match, merge_acks
+from spark_audit.connections import (
+    CONNECTION_CODE,
+    INPUT_COLUMNS,
+    TRANSACTIONS_SCHEMA,
+    connection_pass,
+    match,
+    merge_acks,
+)
 from spark_audit.decode import FACT_SCHEMA
 from tests.support.audit_builders import ACKS0, ACKS1, CAPTURE
 
@@ -96,6 +103,56 @@ def test_the_pass_keeps_what_the_checks_read(drawn):
             1000 + mine[-1][0],
         )
     assert set(counts) == {d[0] for d in drawn}
+
+
+placed = st.lists(
+    st.tuples(
+        st.sampled_from(["c1", "c2"]),  # capture
+        st.sampled_from(["a", "b"]),  # connection
+        st.sampled_from(["proxy", "wire", "lab"]),  # source: the format's two, and any other
+        st.sampled_from(["frame", "repair", "close"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(drawn=placed, coded=st.booleans(), codes=st.permutations(range(4)))
+def test_connection_counts_are_per_capture_connection_and_source(drawn, coded, codes):
+    """The counts are grouped by one integer key, from the read's connection codes (any
+    integers, one per capture and connection) or coded here: either way per capture,
+    connection and source, as grouping the strings would give them."""
+    rows = []
+    for seq, (capture, conn, source, kind) in enumerate(drawn):
+        row = dict.fromkeys(CAPTURE_SCHEMA.names)
+        row.update(
+            capture_id=capture, connection_id=conn, source=source, seq=seq, kind=kind, wall_ns=50 - seq
+        )
+        if kind == "frame":
+            row.update(
+                side="client", direction="request", api_key=3, api_version=9, client_correlation_id=seq
+            )
+        rows.append(row)
+    table = pa.Table.from_pylist(rows, schema=CAPTURE_SCHEMA)
+    if coded:
+        keys = [("c1", "a"), ("c1", "b"), ("c2", "a"), ("c2", "b")]
+        table = table.append_column(
+            CONNECTION_CODE, pa.array([codes[keys.index((r[0], r[1]))] for r in drawn], pa.int64())
+        )
+    expected: dict[tuple, list[int]] = {}
+    for seq, (capture, conn, source, kind) in enumerate(drawn):
+        got = expected.setdefault((capture, conn, source), [0, 0, 0, 50 - seq, 50 - seq])
+        got[0] += 1
+        got[1] += kind == "frame"
+        got[2] += kind == "repair"
+        got[3], got[4] = min(got[3], 50 - seq), max(got[4], 50 - seq)
+    out = [r for r in connection_pass(table).to_pylist() if r["kind"] == "connection"]
+    names = ("rows", "frames", "repairs", "first_wall_ns", "last_wall_ns")
+    assert {
+        (r["capture_id"], r["connection_id"], r["source"]): [r[n] for n in names] for r in out
+    } == expected
+    assert len(out) == len(expected)
 
 
 answers = st.lists(
