@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corrfix.capture.format import connection_indexes
+from corrfix.capture.format import CaptureFormatError, connection_indexes
 from spark_audit.source import is_local, open_file, stream_batches
 
 SEPARATOR = "\x00"
@@ -43,11 +43,19 @@ def connection_keys(batch: pa.RecordBatch | pa.Table) -> pa.Array:
 
 
 def index_file(path: str) -> dict[str, int]:
-    """Rows per connection key in one capture file, read memory-mapped."""
+    """Rows per connection key in one capture file, read memory-mapped. A row without a
+    capture id or a connection id (the format requires both) makes the file unreadable
+    here: no partition could hold its connection."""
     counts: dict[str, int] = {}
     with open_file(path) as source:
         for batch in stream_batches(source, path):
-            grouped = pa.table({"key": connection_keys(batch)}).group_by("key").aggregate([([], "count_all")])
+            keys = connection_keys(batch)
+            if keys.null_count:
+                raise CaptureFormatError(
+                    f"{path}: {keys.null_count} of {len(keys)} rows of a batch have no capture_id or "
+                    "connection_id, which the capture format requires"
+                )
+            grouped = pa.table({"key": keys}).group_by("key").aggregate([([], "count_all")])
             for key, n in zip(
                 grouped.column("key").to_pylist(), grouped.column("count_all").to_pylist(), strict=True
             ):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from corrfix.capture import CaptureWriter
+from corrfix.capture.format import CaptureFormatError
 from spark_audit.connections import assign, index_files, summary_index
 from spark_audit.source import list_files
 
@@ -75,3 +78,24 @@ def test_files_the_summary_does_not_index_are_read(tmp_path):
     assert (
         index_files([file, str(copy)], summary_index(str(tmp_path)))[str(copy)] == index_files([file])[file]
     )
+
+
+def test_rows_without_a_capture_id_are_refused_by_name(tmp_path):
+    """The format requires both ids; a file that breaks that is named, not planned (a null
+    key used to fail deep in the planner, comparing None with a string)."""
+    with CaptureWriter(tmp_path) as writer:
+        writer.connection_opened("c1", "127.0.0.1:1", "127.0.0.1:2")
+    [file] = list_files(str(tmp_path))
+    with pa.memory_map(file) as source:
+        reader = pa.ipc.open_stream(source)
+        table = reader.read_all()
+    broken = tmp_path / Path(file).name.replace(".arrows", "-broken.arrows")
+    nulls = pa.nulls(table.num_rows, pa.string())
+    table = table.set_column(
+        table.schema.get_field_index("capture_id"), table.schema.field("capture_id"), nulls
+    )
+    with pa.OSFile(str(broken), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    assert index_files([file])
+    with pytest.raises(CaptureFormatError, match=f"{broken.name}: {table.num_rows} of {table.num_rows} rows .* no capture_id"):
+        index_files([str(broken)])
