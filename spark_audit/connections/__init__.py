@@ -50,7 +50,7 @@ from ._load import (
     load_transactions,
     transactions_of,
 )
-from ._matching import CONNECTION_CODE, INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, connection_codes, match
+from ._matching import CONNECTION_CODE, INPUT_COLUMNS, PAIRS_SCHEMA, answers_in_order, match
 from ._pass import (
     FACT_COLUMNS,
     FACTS_SCHEMA,
@@ -101,7 +101,6 @@ __all__ = [
     "audit_pass",
     "capture_gaps",
     "client_violations",
-    "connection_codes",
     "connection_pass",
     "facts_of",
     "facts_pass",

@@ -66,6 +66,9 @@ GROUP_ROWS = 262_144
 """Rows read together. Each numpy or Arrow call of the pass has a fixed cost of some
 microseconds; over the writer's batches (16,384 rows) it was a fifth of the pass. Joining
 batches costs one copy of the columns read."""
+GROUP_BYTES = 64 * 1024 * 1024
+"""And at most this many bytes of them (the columns read, frames included): the join
+copies them, so this bounds the copy a Python worker holds at once."""
 READ_COLUMNS = frozenset({*HEADER_COLUMNS, "frame", "frame_length"})
 """The columns a group keeps: what the pass and the body decode read."""
 
@@ -148,28 +151,39 @@ def _batches(part: Connections) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
 
 
 def _joined(batches: list[pa.RecordBatch], codes: list[np.ndarray]) -> tuple[pa.RecordBatch, np.ndarray]:
-    """Batches of one schema as one batch of the columns the pass reads, and their rows'
-    connection codes."""
-    names = [name for name in batches[0].schema.names if name in READ_COLUMNS]
+    """Batches of one schema, each cut to the columns the pass reads, as one batch, and
+    their rows' connection codes. A lone batch is passed as it is (its rows read where they
+    are); joined batches keep only the partition's rows, so no other row is copied."""
     if len(batches) == 1:
-        return batches[0].select(names), codes[0]
-    joined = pa.Table.from_batches([batch.select(names) for batch in batches]).combine_chunks()
-    return joined.to_batches(max_chunksize=joined.num_rows)[0], np.concatenate(codes)
+        return batches[0], codes[0]
+    kept = []
+    for batch, code in zip(batches, codes, strict=True):
+        mine = code >= 0
+        kept.append((batch, code) if mine.all() else (batch.filter(pa.array(mine)), code[mine]))
+    joined = pa.Table.from_batches([batch for batch, _ in kept]).combine_chunks()
+    [whole] = joined.to_batches()  # one array per column: a join stays under GROUP_BYTES
+    return whole, np.concatenate([code for _, code in kept])
 
 
 def _groups(part: Connections, group_rows: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
-    """:func:`_batches` joined up to ``group_rows`` rows each (the batches of one group
-    share a schema; a bigger batch is a group alone)."""
+    """:func:`_batches` joined up to ``group_rows`` rows and :data:`GROUP_BYTES` each (the
+    batches of one group share a schema; a bigger batch is a group alone)."""
     batches: list[pa.RecordBatch] = []
     codes: list[np.ndarray] = []
-    rows = 0
-    for batch, code in _batches(part):
-        if batches and (rows + batch.num_rows > group_rows or batch.schema != batches[0].schema):
+    rows = size = 0
+    for whole, code in _batches(part):
+        batch = whole.select([name for name in whole.schema.names if name in READ_COLUMNS])
+        if batches and (
+            rows + batch.num_rows > group_rows
+            or size + batch.nbytes > GROUP_BYTES
+            or batch.schema != batches[0].schema
+        ):
             yield _joined(batches, codes)
-            batches, codes, rows = [], [], 0
+            batches, codes, rows, size = [], [], 0, 0
         batches.append(batch)
         codes.append(code)
         rows += batch.num_rows
+        size += batch.nbytes
     if batches:
         yield _joined(batches, codes)
 

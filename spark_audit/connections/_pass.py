@@ -252,12 +252,11 @@ def _match_input(frames: pa.Table, id_column: str) -> pa.Table:
         pc.equal(frames.column("api_key"), ApiKey.PRODUCE), pc.equal(frames.column("acks"), 0)
     )
     expects = pc.if_else(is_request, pc.invert(pc.fill_null(no_answer, False)), pa.nulls(n, pa.bool_()))
-    columns = {c: frames.column(c) for c in INPUT_COLUMNS if c not in ("cid", "expects")}
-    codes = (
-        {CONNECTION_CODE: frames.column(CONNECTION_CODE)} if CONNECTION_CODE in frames.column_names else {}
-    )
-    chosen = pa.table({**columns, "cid": frames.column(id_column), "expects": expects})
-    return pa.table({**{c: chosen.column(c) for c in INPUT_COLUMNS}, **codes})
+    made = {"cid": frames.column(id_column), "expects": expects}
+    columns = {c: made[c] if c in made else frames.column(c) for c in INPUT_COLUMNS}
+    if CONNECTION_CODE in frames.column_names:
+        columns[CONNECTION_CODE] = frames.column(CONNECTION_CODE)
+    return pa.table(columns)
 
 
 def _conform(
@@ -276,14 +275,15 @@ def _conform(
 
 
 def _source_codes(source: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """``source`` as an integer per row: the two sources by comparison (no hashing), any
-    other value (or null) by its dictionary code after them."""
-    codes = np.full(len(source), 2, np.int64)
+    """``source`` as an integer per row: the format's sources by comparison (no hashing),
+    then any other value (or null) by its dictionary code after them."""
+    other = len(Source)
+    codes = np.full(len(source), other, np.int64)
     for code, name in enumerate(Source):
         codes[pc.fill_null(pc.equal(source, name.value), False).to_numpy(zero_copy_only=False)] = code
-    others = codes == 2
+    others = codes == other
     if others.any():
-        codes[others] = 3 + dense(pc.filter(source, pa.array(others)))
+        codes[others] = other + 1 + dense(pc.filter(source, pa.array(others)))  # a null: other
     return codes
 
 

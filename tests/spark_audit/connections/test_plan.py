@@ -97,5 +97,7 @@ def test_rows_without_a_capture_id_are_refused_by_name(tmp_path):
     with pa.OSFile(str(broken), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as out:
         out.write_table(table)
     assert index_files([file])
-    with pytest.raises(CaptureFormatError, match=f"{broken.name}: {table.num_rows} of {table.num_rows} rows .* no capture_id"):
+    with pytest.raises(
+        CaptureFormatError, match=f"{broken.name}: {table.num_rows} of {table.num_rows} rows .* no capture_id"
+    ):
         index_files([str(broken)])
