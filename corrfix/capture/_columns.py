@@ -151,6 +151,17 @@ class RowChunk:
         return np.maximum(np.frombuffer(self.records, _DTYPE)["stored"], 0)
 
 
+def _first_bytes(
+    pieces: list[bytes | bytearray | memoryview], size: int
+) -> list[bytes | bytearray | memoryview]:
+    """The pieces that hold the first ``size`` bytes (a whole number of rows' pieces)."""
+    total = count = 0
+    while total < size:
+        total += len(pieces[count])
+        count += 1
+    return pieces[:count]
+
+
 def kinds_of(records: bytearray) -> Counter[str]:
     """Rows per kind of packed records, for counting rows lost before they were queued."""
     return _kinds(np.frombuffer(records, _DTYPE)["shape"])
@@ -207,8 +218,9 @@ class RowColumns:
         extras: list[tuple[int, Extra]],
     ) -> None:
         """Rows of one connection: their records packed by :data:`pack_row`, the bytes of
-        their frames in order (one piece per row whose record has a size of 0 or more,
-        already cut to the snap length), and what only some rows have, by the row's index.
+        their frames in order (in pieces, already cut to the snap length; a row's pieces add
+        up to its record's size, and a row may span several), and what only some rows have,
+        by the row's index.
         One lock and one bound check for them all; when they do not all fit, the first
         that fit are queued and the others lost."""
         rows = len(records) // RECORD_SIZE
@@ -259,7 +271,7 @@ class RowColumns:
             for i, extra in extras
             if i < fit and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - int(seq[i]) < fit)
         ]
-        return records[: fit * RECORD_SIZE], frames[: int(np.count_nonzero(table["stored"][:fit] >= 0))], kept
+        return records[: fit * RECORD_SIZE], _first_bytes(frames, int(copies[:fit].sum())), kept
 
     def _queue(
         self,

@@ -4,8 +4,11 @@ The relay hands over each batch of a connection's events as the core made them: 
 received and sent on each side, which client request went upstream under which id
 (``Forwarded``), and the repairs, whose ``requeue`` and ``probe_sent`` name the ids of
 re-sends and probes. Ids are followed by those events alone: nothing is matched by bytes,
-and nothing depends on the order in which a shell reports. This module copies what a row
-needs at once (the repair machine patches frames in place later). SASL v0 tokens, which
+and nothing depends on the order in which a shell reports. A received frame's row is its
+head, copied by the core before the machine patched it, and the frame's own bytes after
+the head; a frame sent on in the same call is the same object, so it is known to be
+unchanged after its head without comparing bytes. The bytes are copied once, by the
+columns, before the call returns (the machine patches frames in place later). SASL v0 tokens, which
 have no header, are recognised by protocol's SASL v0 rule (:mod:`._sasl_v0`); neither they
 nor SaslAuthenticate bodies are stored (credentials). Sans-IO: rows go column by column to
 :class:`~corrfix.capture._columns.RowColumns`, clocks are injected.
@@ -120,11 +123,12 @@ class Recorder:
         self._records = bytearray()
         self._frames: list[bytes | bytearray | memoryview] = []
         self._extras: list[tuple[int, Extra]] = []
-        # Frames received in this call whose bytes the frame sent for them may carry, by
-        # upstream id: (row index, frame index, stored bytes) of client requests, (seq,
-        # stored bytes) of upstream responses. Only frames of SHARED_MIN stored bytes or more.
-        self._requests_in: dict[int, tuple[int, int, bytes | memoryview]] = {}
-        self._answers_in: dict[int, tuple[int, bytes | memoryview]] = {}
+        # Frames received in this call and sent on in it (the same object), by ``id``, whose
+        # row the sent frame's row may carry the bytes of: (row index, first piece, pieces,
+        # head) of client requests, (seq, bytes stored) of upstream responses. Only frames of
+        # SHARED_MIN stored bytes or more.
+        self._requests_in: dict[int, tuple[int, int, int, bytes]] = {}
+        self._answers_in: dict[int, tuple[int, int]] = {}
         self._next_error = 0.0
 
     # -- ConnectionObserver ------------------------------------------------------------
@@ -150,9 +154,12 @@ class Recorder:
         # The ids first: which client request went up under which id, re-sends and probes.
         forwarded: dict[int, list[int]] = {}
         sends = conn.sends
+        sent_on: set[int] = set()  # the frames sent in this call, by id
         for event in events:
             kind = type(event)
-            if kind is Forwarded:
+            if kind is Sent:
+                sent_on.update(map(id, event.frames))
+            elif kind is Forwarded:
                 client_cid, upstream_cid = event.client_correlation_id, event.upstream_correlation_id
                 ids = forwarded.get(client_cid)
                 if ids is None:
@@ -166,11 +173,11 @@ class Recorder:
             kind = type(event)
             if kind is Received:
                 if event.side == "client":
-                    for frame, length in zip(event.frames, event.lengths, strict=True):
-                        self._client_request(conn, frame, length, forwarded, wall, mono)
+                    for head, frame in zip(event.heads, event.frames, strict=True):
+                        self._client_request(conn, head, frame, forwarded, sent_on, wall, mono)
                 else:
-                    for frame, length in zip(event.frames, event.lengths, strict=True):
-                        self._upstream_response(conn, frame, length, wall, mono)
+                    for head, frame in zip(event.heads, event.frames, strict=True):
+                        self._upstream_response(conn, head, frame, sent_on, wall, mono)
             elif kind is Sent:
                 if event.side == "upstream":
                     for frame in event.frames:
@@ -247,47 +254,48 @@ class Recorder:
     def _client_request(
         self,
         conn: _Connection,
-        frame: bytes,
-        length: int,
+        head: bytes,
+        frame: bytearray,
         forwarded: dict[int, list[int]],
+        sent_on: set[int],
         wall: int,
         mono: int,
     ) -> None:
         seq = conn.seq
         conn.seq = seq + 1
+        length = len(frame)
         if conn.sasl is not None and conn.sasl.client_request():
-            self._token(seq, CLIENT_REQUEST, wall, mono, frame, length)
+            self._token(seq, CLIENT_REQUEST, wall, mono, head, length)
             return
-        if len(frame) < _REQUEST_FIXED_HEADER:  # too short for a header: kept whole
-            self._records += pack_row(
-                seq, wall, mono, NULL, NULL, NULL, NULL, length, CLIENT_REQUEST, len(frame)
-            )
-            self._frames.append(frame)
+        if length < _REQUEST_FIXED_HEADER:  # too short for a header: kept whole
+            self._records += pack_row(seq, wall, mono, NULL, NULL, NULL, NULL, length, CLIENT_REQUEST, length)
+            self._frames.append(head)
             return
-        api_key, api_version, client_cid = _REQUEST_HEAD.unpack_from(frame, 4)
+        api_key, api_version, client_cid = _REQUEST_HEAD.unpack_from(head, 4)
         ids = forwarded.get(client_cid)
         upstream_cid = ids.pop(0) if ids else NULL  # NULL: the proxy answered it itself
         _remember(conn.asks, client_cid, (api_key, api_version, upstream_cid))
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
-            limit = _request_header_end(frame)
-        stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+            limit = _request_header_end(frame)  # the id the machine patched is not in the way
+        piece = len(self._frames)
+        if length <= limit and length == len(head):  # the head is all of it (small frames)
+            self._frames.append(head)
+            stored = length
+        else:
+            stored = self._received_bytes(head, frame, limit)
         records = self._records
         records += pack_row(
-            seq,
-            wall,
-            mono,
-            api_key,
-            api_version,
-            client_cid,
-            upstream_cid,
-            length,
-            CLIENT_REQUEST,
-            len(stored),
+            seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, CLIENT_REQUEST, stored
         )
-        self._frames.append(stored)
-        if len(stored) >= SHARED_MIN and upstream_cid != NULL and _head_is_enough(stored, api_key):
-            self._requests_in[upstream_cid] = (len(records) // RECORD_SIZE - 1, len(self._frames) - 1, stored)
+        if (
+            stored >= SHARED_MIN
+            and upstream_cid != NULL
+            and id(frame) in sent_on
+            and _head_is_enough(head, api_key)
+        ):
+            row = len(records) // RECORD_SIZE - 1
+            self._requests_in[id(frame)] = (row, piece, len(self._frames) - piece, head)
         if api_key == _SASL_HANDSHAKE and is_sasl_v0_handshake(api_key, api_version):
             conn.sasl = conn.sasl or SaslTokens()
             conn.sasl.handshake_sent(frame)
@@ -326,24 +334,28 @@ class Recorder:
         )
         self._frames.append(stored)
         if self._requests_in:
-            received = self._requests_in.pop(upstream_cid, None)
-            if received is not None and _same_after_head(frame, received[2], len(stored)):
-                # The client's row keeps its head and names this row for the rest.
-                at, piece, _ = received
+            received = self._requests_in.pop(id(frame), None)
+            if received is not None:
+                # The client's row keeps its head and names this row for the rest: the frame
+                # sent is the one received, changed only in its head.
+                at, piece, pieces, head = received
                 STORED.pack_into(self._records, at * RECORD_SIZE + STORED_AT, SHARED_HEAD)
-                self._frames[piece] = memoryview(received[2])[:SHARED_HEAD]
+                self._frames[piece : piece + pieces] = [memoryview(head)[:SHARED_HEAD]] + [b""] * (pieces - 1)
                 self._extras.append((at, (None, None, None, None, None, None, seq)))
 
-    def _upstream_response(self, conn: _Connection, frame: bytes, length: int, wall: int, mono: int) -> None:
+    def _upstream_response(
+        self, conn: _Connection, head: bytes, frame: bytearray, sent_on: set[int], wall: int, mono: int
+    ) -> None:
         seq = conn.seq
         conn.seq = seq + 1
+        length = len(frame)
         if conn.sasl is not None and conn.sasl.upstream_response():
-            self._token(seq, UPSTREAM_RESPONSE, wall, mono, frame, length)
+            self._token(seq, UPSTREAM_RESPONSE, wall, mono, head, length)
             return
-        if len(frame) < _RESPONSE_FIXED_HEADER:
+        if length < _RESPONSE_FIXED_HEADER:
             upstream_cid, client_cid, api_key, api_version = NULL, NULL, NULL, NULL
         else:
-            (upstream_cid,) = _RESPONSE_ID.unpack_from(frame, 4)
+            (upstream_cid,) = _RESPONSE_ID.unpack_from(head, 4)
             client_cid, api_key, api_version = conn.sends.pop(upstream_cid, _NO_SEND)
             sasl = conn.sasl
             if sasl is not None and api_key == _SASL_HANDSHAKE and is_sasl_v0_handshake(api_key, api_version):
@@ -351,22 +363,16 @@ class Recorder:
         limit = self.snaplen
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _response_header_end(frame, api_key, api_version)
-        stored = frame if len(frame) <= limit else memoryview(frame)[:limit]
+        if length <= limit and length == len(head):  # the head is all of it (small frames)
+            self._frames.append(head)
+            stored = length
+        else:
+            stored = self._received_bytes(head, frame, limit)
         self._records += pack_row(
-            seq,
-            wall,
-            mono,
-            api_key,
-            api_version,
-            client_cid,
-            upstream_cid,
-            length,
-            UPSTREAM_RESPONSE,
-            len(stored),
+            seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_RESPONSE, stored
         )
-        self._frames.append(stored)
-        if len(stored) >= SHARED_MIN and upstream_cid != NULL:
-            self._answers_in[upstream_cid] = (seq, stored)
+        if stored >= SHARED_MIN and upstream_cid != NULL and id(frame) in sent_on:
+            self._answers_in[id(frame)] = (seq, stored)
 
     def _client_response(self, conn: _Connection, frame: bytearray, wall: int, mono: int) -> None:
         seq = conn.seq
@@ -384,9 +390,10 @@ class Recorder:
         if not limit or api_key == _SASL_AUTHENTICATE:
             limit = _response_header_end(frame, api_key, api_version)
         stored = frame if length <= limit else memoryview(frame)[:limit]
-        received = self._answers_in.pop(upstream_cid, None) if self._answers_in else None
-        if received is not None and _same_after_head(frame, received[1], len(stored)):
-            # This row keeps its head and names the upstream response's row for the rest.
+        received = self._answers_in.pop(id(frame), None) if self._answers_in else None
+        if received is not None and received[1] == len(stored):
+            # This row keeps its head and names the upstream response's row for the rest: the
+            # frame sent is the one received, changed only in its head.
             self._extras.append(
                 (len(self._records) // RECORD_SIZE, (None, None, None, None, None, None, received[0]))
             )
@@ -406,6 +413,18 @@ class Recorder:
         self._frames.append(stored)
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _received_bytes(self, head: bytes, frame: bytearray, limit: int) -> int:
+        """Queue a received frame's first ``limit`` bytes: its head as it arrived, then, if the
+        head is not all of them, the frame's own bytes after it. Returns how many."""
+        start = len(head)
+        if len(frame) <= start or limit <= start:
+            piece = head if limit >= start else head[:limit]
+            self._frames.append(piece)
+            return len(piece)
+        rest = memoryview(frame)[start:limit]
+        self._frames += (head, rest)
+        return start + len(rest)
 
     def _other(self, conn: _Connection, shape: int, extra: Extra) -> None:
         """An open or close row."""
@@ -458,13 +477,6 @@ def _head_is_enough(frame: bytes | memoryview, api_key: int) -> bool:
     except (ProtocolError, ValueError, struct.error):
         return False
     return True
-
-
-def _same_after_head(sent: bytes | bytearray, received: bytes | memoryview, stored: int) -> bool:
-    """Whether the stored bytes of a frame sent and of the frame received for it agree
-    after :data:`SHARED_HEAD` (they differ in the correlation id, and in nothing else
-    unless corrfix rewrote the frame)."""
-    return len(received) == stored and sent.startswith(memoryview(received)[SHARED_HEAD:], SHARED_HEAD)
 
 
 def _request_header_end(frame: bytes | bytearray) -> int:

@@ -16,6 +16,7 @@ from ._connection import (
     ConnectionCore,
 )
 from ._events import (
+    HEADER_COPY,
     Answered,
     Closed,
     Event,
@@ -45,6 +46,7 @@ __all__ = [
     "CLOSE_GRACE",
     "DISCARD_LIMIT",
     "FLUSH_TIMEOUT",
+    "HEADER_COPY",
     "LOOPBACK",
     "MAX_CORRELATION_ID",
     "PROBE_CLIENT_ID",

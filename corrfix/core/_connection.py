@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corrfix.core._events import Closed, Event, Notice, PeerSide, Received, Sent
+from corrfix.core._events import HEADER_COPY, Closed, Event, Notice, PeerSide, Received, Sent
 from corrfix.core._repair import Actions, RepairConfig, RepairMachine
 from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
@@ -35,13 +35,8 @@ DISCARD_LIMIT = 1024 * 1024
 so that closing the socket sends a FIN, not a RST that could destroy answers in flight."""
 
 
-HEADER_COPY = 1024
-"""Bytes of a received frame copied for an observer at the least: enough for any header
-a real client sends, so a header-only capture can still find where the body starts."""
-
-
-def _received(side: PeerSide, frames: list[bytearray], limit: int) -> Received:
-    return Received(side, [bytes(memoryview(frame)[:limit]) for frame in frames], [len(f) for f in frames])
+def _received(side: PeerSide, frames: list[bytearray]) -> Received:
+    return Received(side, [bytes(memoryview(frame)[:HEADER_COPY]) for frame in frames], frames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +106,7 @@ class ConnectionCore:
         client_tls: bool = False,
         upstream_tls: bool = False,
         upstream_known_plaintext: Callable[[], bool] = lambda: False,
-        record_frames: int | None = None,
+        record_frames: bool = False,
     ) -> None:
         self.config = config
         self.machine = machine
@@ -120,8 +115,8 @@ class ConnectionCore:
         self._client_tls = client_tls
         self._upstream_tls = upstream_tls
         self._upstream_known_plaintext = upstream_known_plaintext
-        # Frame events for an observer: how much of each received frame to copy (None: none).
-        self._record = None if record_frames is None else max(record_frames, HEADER_COPY)
+        # Frame events (Received, Sent) for an observer, such as a capture.
+        self._record = record_frames
         self._to_upstream: list[bytearray] = []
         self._to_client: list[bytearray] = []
         self._events: list[Event] = []
@@ -240,8 +235,8 @@ class ConnectionCore:
         if frames:
             if not self._client_spoke:
                 self._client_spoke = True  # a size error now is no ClientHello
-            if self._record is not None:
-                self._events.append(_received("client", frames, self._record))
+            if self._record:
+                self._events.append(_received("client", frames))
             try:
                 actions = self.machine.client_frames(frames, now)
             except ProtocolError as exc:
@@ -307,8 +302,8 @@ class ConnectionCore:
             if not self.upstream_spoke:
                 self.upstream_spoke = True
                 self.decided += 1  # news for the shell: plaintext works with this broker
-            if self._record is not None:
-                self._events.append(_received("upstream", frames, self._record))
+            if self._record:
+                self._events.append(_received("upstream", frames))
             actions = self.machine.upstream_frames(frames, now)
         except ProtocolError as exc:
             plaintext = not self.upstream_spoke and not self._upstream_tls
@@ -431,11 +426,11 @@ class ConnectionCore:
     def _apply(self, actions: Actions) -> None:
         if actions.to_upstream:
             self._to_upstream += actions.to_upstream
-            if self._record is not None:
+            if self._record:
                 self._events.append(Sent("upstream", actions.to_upstream))
         if actions.to_client and not self.abandon_client:
             self._to_client += actions.to_client
-            if self._record is not None:
+            if self._record:
                 self._events.append(Sent("client", actions.to_client))
         if actions.events:
             self._events += actions.events

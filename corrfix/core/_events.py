@@ -33,16 +33,26 @@ class RepairKind(StrEnum):
 PeerSide = Literal["client", "upstream"]
 """Which TCP connection: client <-> proxy, or proxy <-> broker (capture's ``side``)."""
 
+HEADER_COPY = 1024
+"""Bytes of each received frame copied into :class:`Received` before the machine patches the
+frame: more than the correlation id it patches, and enough for any header a real client sends."""
+
 
 @dataclass(slots=True)
 class Received:
-    """Frames as they arrived on ``side``, copied before the machine patches them in place:
-    each copy holds the frame's first bytes, ``lengths`` the whole sizes. Made only when
-    the shell asked to record frames."""
+    """Frames as they arrived on ``side`` (made only when the shell asked to record frames).
+
+    ``heads`` are copies of each frame's first bytes (``HEADER_COPY``), made before the
+    machine patches the frame. ``frames`` are the frames themselves, not copied: the machine
+    changes a received frame only inside its head (the correlation id), and a rewritten
+    answer is a new frame, so past its head a frame still holds the bytes that arrived. A
+    consumer reads them during the call that hands it this event and copies what it keeps;
+    a frame sent on in the same call is the same object in :class:`Sent`.
+    """
 
     side: PeerSide
-    frames: list[bytes]
-    lengths: list[int]
+    heads: list[bytes]
+    frames: list[bytearray]
 
 
 @dataclass(slots=True)

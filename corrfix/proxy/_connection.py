@@ -142,7 +142,7 @@ class ProxyConnection:
             client_tls=isinstance(self.client, trio.SSLStream),
             upstream_tls=isinstance(upstream, trio.SSLStream),
             upstream_known_plaintext=self._upstream_known_plaintext,  # a bound method: no closure kept
-            record_frames=None if self.observer is None else self.observer.snaplen,
+            record_frames=self.observer is not None,
         )
         try:
             if (

@@ -28,7 +28,7 @@ class Shell:
     def __post_init__(self) -> None:
         self.machine = RepairMachine(self.config, **self.machine_options)
         self.core = ConnectionCore(
-            ConnectionConfig(repair=self.config), self.machine, self.now, record_frames=self.observer.snaplen
+            ConnectionConfig(repair=self.config), self.machine, self.now, record_frames=True
         )
         self.sent: list[bytes] = []  # what went upstream, in order
         self.delivered: list[bytes] = []  # what the client got, in order

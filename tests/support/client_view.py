@@ -87,15 +87,15 @@ class ClientView:
     def events(self, connection: str, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, Received) and event.side == "client":
-                self._requests(connection, event.frames)
+                self._requests(connection, event.heads)
             elif isinstance(event, Sent) and event.side == "client":
                 self._answers(connection, event.frames)
             elif isinstance(event, Repaired):
                 self.repairs.append(event)
 
-    def _requests(self, connection: str, frames: list[bytearray]) -> None:
+    def _requests(self, connection: str, heads: list[bytes]) -> None:
         pending = self._pending.setdefault(connection, {})
-        for request in frames:
+        for request in heads:
             try:
                 header = parse_request_header(request)
             except ProtocolError:

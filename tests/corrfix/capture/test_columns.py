@@ -22,10 +22,12 @@ from corrfix.capture.format import Source, schema_for
 
 SCHEMA = schema_for("t", Source.PROXY)
 
-# A drawn row: (shape, frame bytes or None for a row without a frame).
+# A drawn row: (shape, frame bytes or None for a row without a frame, where its bytes are
+# split in two pieces: 0 for one piece; the second piece may be empty, as a recorder's is).
 rows_drawn = st.tuples(
     st.sampled_from([CLIENT_REQUEST, UPSTREAM_RESPONSE, REPAIR]),
     st.one_of(st.none(), st.binary(min_size=0, max_size=300)),
+    st.integers(0, 320),
 )
 calls_drawn = st.lists(
     st.tuples(st.sampled_from(["a", "b", "c"]), st.lists(rows_drawn, min_size=1, max_size=6)),
@@ -38,7 +40,7 @@ calls_drawn = st.lists(
 @given(calls=calls_drawn, max_rows=st.integers(1, 40), max_bytes=st.integers(1, 4000))
 def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls, max_rows, max_bytes):
     """Against a model that admits row by row: a call's first rows that fit are queued with
-    their own bytes and connection, the rest are lost and counted by kind."""
+    their own bytes (in one piece or two) and connection, the rest are lost and counted by kind."""
     queue = RowColumns(max_rows=max_rows, max_bytes=max_bytes)
     expected: list[tuple[str, int, int, bytes | None]] = []
     lost: Counter[str] = Counter()
@@ -47,11 +49,11 @@ def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls,
     for connection, rows in calls:
         records, frames = bytearray(), []
         admitting = True
-        for shape, frame in rows:
+        for shape, frame, split in rows:
             stored = -1 if frame is None else len(frame)
             records += pack_row(seq, seq * 10, seq * 7, NULL, NULL, seq, NULL, stored, shape, stored)
             if frame is not None:
-                frames.append(frame)
+                frames += [frame[:split], frame[split:]] if split else [frame]
             cost = ROW_OVERHEAD + max(stored, 0)
             admitting = (
                 admitting

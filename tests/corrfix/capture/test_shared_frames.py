@@ -99,6 +99,38 @@ def test_small_rewritten_and_cut_frames_keep_their_own_bytes(tmp_path):
     assert [r["frame"] for r in frame_rows(rows, "client", "response")] == [d[:2000] for d in shell.delivered]
 
 
+def test_big_frames_not_sent_on_in_the_call_that_received_them_keep_the_bytes_that_arrived(tmp_path):
+    """A received row is the core's head copy and the frame's bytes after it. An answer held
+    for an older one is sent in a later call, a rewritten one is another frame: neither is
+    stored once, and the broker's row holds what the broker sent, its own id included."""
+
+    def transform(api_key, api_version, frame):
+        if int.from_bytes(frame[4:8], "big") == 2:
+            return frame[:-9] + b"rewritten"  # same length, other bytes: not the broker's
+        return frame
+
+    writer = CaptureWriter(tmp_path).start()
+    shell = Shell(writer, machine_options={"transform": transform})
+    shell.open()
+    requests = [padded(request_frame(ApiKey.METADATA, cid, cid), 3000) for cid in (10, 11, 12)]
+    shell.client_sends(*requests)  # upstream 0, 1, 2
+    answers = [padded(response_frame(upstream_id, upstream_id), 4000) for upstream_id in (1, 2, 3)]
+    shell.broker_answers(answers[0])  # 1's answer, held: 0's is lost, and 0 is re-sent as 3
+    shell.broker_answers(answers[1], answers[2])  # 2's answer is rewritten; 3's delivers all
+    shell.close()
+    writer.close()
+
+    stored = stored_rows(tmp_path)
+    assert [r["frame_seq"] is None for r in frame_rows(stored, "client", "response")] == [False, True, True]
+    assert [len(r["frame"]) for r in frame_rows(stored, "upstream", "response")] == [4000] * 3
+    rows = read_capture(tmp_path).to_pylist()
+    assert [r["frame"] for r in frame_rows(rows, "client", "request")] == requests
+    assert [r["frame"] for r in frame_rows(rows, "upstream", "response")] == answers
+    assert [r["frame"] for r in frame_rows(rows, "client", "response")] == shell.delivered
+    assert [int.from_bytes(answer[4:8], "big") for answer in shell.delivered] == [10, 11, 12]
+    assert shell.delivered[2].endswith(b"rewritten")
+
+
 def test_pairs_sharing_bytes_stay_in_one_batch_when_the_writer_splits_a_flush(tmp_path, monkeypatch):
     monkeypatch.setattr(writer_module, "BATCH_ROWS", 3)
     writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()

@@ -7,15 +7,18 @@ from hypothesis import strategies as st
 
 from corrfix.core import (
     CLOSE_GRACE,
+    HEADER_COPY,
     Answered,
     ConnectionConfig,
     ConnectionCore,
     Forwarded,
     Notice,
+    Received,
     RepairConfig,
     Repaired,
     RepairKind,
     RepairMachine,
+    Sent,
 )
 from protocol import ApiKey
 from protocol.testing import request_frame, response_frame
@@ -259,3 +262,62 @@ def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_kee
             before[flag] = getattr(core, flag)
         if op == "tick" and not core.aborted:
             assert core.next_deadline() > now, "a tick left a deadline that is already due"
+
+
+def _grown(frame: bytes, size: int, fill: int) -> bytes:
+    """``frame`` grown to ``size`` bytes of body, its size prefix set to match."""
+    out = bytearray(frame) + bytes([fill]) * max(0, size - len(frame))
+    out[:4] = (len(out) - 4).to_bytes(4, "big")
+    return bytes(out)
+
+
+def _check_received(events: list, fed: list[bytes]) -> None:
+    """Each Received frame is its head as it arrived and, after it, the bytes that arrived;
+    a frame sent on in the same call differs from them in its correlation id at most."""
+    received = [event for event in events if isinstance(event, Received)]
+    assert [len(frame) for event in received for frame in event.frames] == [len(frame) for frame in fed]
+    pairs = [pair for event in received for pair in zip(event.heads, event.frames, strict=True)]
+    sent = {id(frame) for event in events if isinstance(event, Sent) for frame in event.frames}
+    for (head, frame), original in zip(pairs, fed, strict=True):
+        assert head == original[:HEADER_COPY]
+        assert bytes(frame[len(head) :]) == original[len(head) :]
+        if id(frame) in sent:
+            assert frame[:4] == original[:4] and frame[12:] == original[12:]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["requests", "answers"]), st.integers(1, 4), st.integers(0, 3000), st.randoms()
+        ),
+        max_size=25,
+    )
+)
+def test_a_received_frame_is_changed_only_inside_its_head(steps):
+    """What a capture relies on to store a forwarded frame once: the core's head copies hold
+    what the machine patches, and past the head the frame is as it arrived."""
+    core = make_core(record_frames=True)
+    token = now = 0
+    owed: list[int] = []
+    for what, count, size, rnd in steps:
+        now += 1
+        if what == "requests":
+            fed = []
+            for _ in range(count):
+                token += 1
+                api_key = rnd.choice([ApiKey.METADATA, ApiKey.PRODUCE])
+                request = request_frame(api_key, token, token, acks=rnd.choice([0, 1]))
+                fed.append(_grown(request, size, token % 251))
+            core.receive_client(b"".join(fed), now)
+            owed += [int.from_bytes(frame[8:12], "big") for frame in core.take_upstream()]
+        else:
+            rnd.shuffle(owed)  # out of order, some never: held answers, re-sends, strays
+            fed = [_grown(response_frame(upstream_id, upstream_id), size, 7) for upstream_id in owed[:count]]
+            del owed[:count]
+            if not fed:
+                continue
+            core.receive_upstream(b"".join(fed), now)
+            owed += [int.from_bytes(frame[8:12], "big") for frame in core.take_upstream()]
+        core.take_client()
+        _check_received(core.take_events(), fed)

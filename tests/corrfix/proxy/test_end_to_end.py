@@ -152,7 +152,7 @@ class ApiKeysSeen:
     def events(self, connection: str, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, Received) and event.side == "client":
-                self.counts.update(api_name(parse_request_header(f).api_key) for f in event.frames)
+                self.counts.update(api_name(parse_request_header(f).api_key) for f in event.heads)
 
     def connection_closed(self, connection: str, reason: str) -> None:
         pass
