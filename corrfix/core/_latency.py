@@ -11,6 +11,8 @@ from __future__ import annotations
 _ALPHA = 0.125
 _BETA = 0.25
 _K = 4.0
+_KEEP_SRTT, _KEEP_RTTVAR = 1 - _ALPHA, 1 - _BETA
+"""Weights of the old estimates, computed once: ``observe`` runs for nearly every answer."""
 
 
 class RetransmitTimer:
@@ -21,18 +23,18 @@ class RetransmitTimer:
     def __init__(self, minimum: float, maximum: float) -> None:
         self.minimum = min(minimum, maximum)
         self.maximum = maximum
-        self._estimates: dict[int, tuple[float, float]] = {}
+        self._estimates: dict[int, list[float]] = {}
+        """Per api key: [smoothed latency, its variation], updated in place."""
 
     def observe(self, api_key: int, sample: float) -> None:
         """Fold in one latency sample of a request that was sent only once (Karn's rule)."""
         estimate = self._estimates.get(api_key)
         if estimate is None:
-            self._estimates[api_key] = (sample, sample / 2)
+            self._estimates[api_key] = [sample, sample / 2]
             return
         srtt, rttvar = estimate
-        rttvar = (1 - _BETA) * rttvar + _BETA * abs(srtt - sample)
-        srtt = (1 - _ALPHA) * srtt + _ALPHA * sample
-        self._estimates[api_key] = (srtt, rttvar)
+        estimate[1] = _KEEP_RTTVAR * rttvar + _BETA * abs(srtt - sample)
+        estimate[0] = _KEEP_SRTT * srtt + _ALPHA * sample
 
     def timeout(self, api_key: int) -> float:
         """How long an answer of this api key may be late before it is worth a probe."""

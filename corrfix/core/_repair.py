@@ -25,13 +25,13 @@ from protocol import (
     ApiKey,
     ProtocolError,
     RequestHeader,
+    RequestHeaderReader,
     SaslV0Tokens,
     api_name,
     client_software,
     fetch_max_wait_ms,
     is_sasl_v0_handshake,
     mis_skips_tagged_fields,
-    parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
     produce_acks,
@@ -143,7 +143,9 @@ class _Request:
         "upstream_id",
     )
 
-    def __init__(self, frame: bytearray, header: RequestHeader, now: float) -> None:
+    def __init__(
+        self, frame: bytearray, header: RequestHeader, now: float, upstream_id: int = 0, seq: int = 0
+    ) -> None:
         self.frame = frame
         self.header = header
         self.api_key = header.api_key
@@ -155,8 +157,8 @@ class _Request:
         self.response: bytearray | None = None
         # Only a Fetch may be held by the broker (a long poll): its hold is read when needed.
         self.hold: float | None = None if self.api_key == _FETCH else 0.0
-        self.seq = 0
-        self.upstream_id = 0
+        self.seq = seq
+        self.upstream_id = upstream_id
 
 
 class _Probe:
@@ -179,6 +181,8 @@ class RepairMachine:
         "_client_order",
         "_compat_client",
         "_flow_events",
+        "_fresh_ids_end",
+        "_headers",
         "_held_bytes",
         "_local_answer",
         "_next_upstream_id",
@@ -215,7 +219,11 @@ class RepairMachine:
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
+        # Below this, the next id was never used: until the ids wrap, a send takes the next
+        # one without looking it up among the sends still awaiting an answer.
+        self._fresh_ids_end = MAX_CORRELATION_ID
         self._seq = 0
+        self._headers = RequestHeaderReader()
         # Sends that expect an answer, by upstream id and in send order.
         self._sent: dict[int, _Request | _Probe] = {}
         # Lists, not deques: an empty deque takes 0.76 KiB (one block allocated up front), an
@@ -286,11 +294,12 @@ class RepairMachine:
         sasl_v0 = self._sasl_v0
         sent, send_order, client_order = self._sent, self._send_order, self._client_order
         local_answer = self._local_answer
+        parse_header = self._headers.parse
         for frame in frames:
             if sasl_v0.active and sasl_v0.request_is_token():
                 to_upstream.append(frame)
                 continue
-            header = parse_request_header(frame)
+            header = parse_header(frame)
             api_key = header.api_key
             if api_key in PREAMBLE_KEYS:
                 if api_key == _API_VERSIONS and self.config.client_compat:
@@ -300,23 +309,21 @@ class RepairMachine:
             elif self._preamble:
                 self._preamble = False
             upstream_id = self._next_upstream_id
-            if upstream_id in sent or upstream_id in self._acks0 or upstream_id >= MAX_CORRELATION_ID:
-                upstream_id = self._allocate_id()
-            else:
+            if upstream_id < self._fresh_ids_end:
                 self._next_upstream_id = upstream_id + 1
+            else:
+                upstream_id = self._allocate_id()
             patch_request_correlation_id(frame, upstream_id)
             seq = self._seq = self._seq + 1
             if api_key == _PRODUCE and produce_acks(frame, header) == 0:
                 self._remember_acks0(upstream_id)
             else:
-                request = _Request(frame, header, now)
+                request = _Request(frame, header, now, upstream_id, seq)
                 if api_key in SASL_KEYS:
                     self._sasl_pending += 1
                     if is_sasl_v0_handshake(api_key, header.api_version):
                         self._sasl_handshake = request
                         sasl_v0.handshake_sent(frame)
-                request.upstream_id = upstream_id
-                request.seq = seq
                 sent[upstream_id] = request
                 send_order.append(request)
                 client_order.append(request)
@@ -433,10 +440,15 @@ class RepairMachine:
         return True
 
     def _allocate_id(self) -> int:
+        """The next upstream id not awaiting an answer; after int32's last, 0 again."""
         upstream_id = self._next_upstream_id
         while upstream_id in self._sent or upstream_id in self._acks0:
             upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
-        self._next_upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
+        if upstream_id < MAX_CORRELATION_ID:
+            self._next_upstream_id = upstream_id + 1
+        else:
+            self._next_upstream_id = 0
+            self._fresh_ids_end = 0  # wrapped: from now on an id may still be in use
         return upstream_id
 
     def _remember_acks0(self, upstream_id: int) -> None:
@@ -500,20 +512,22 @@ class RepairMachine:
                     )
                 )
             return
+        api_key = entry.api_key
         if entry.attempts == 1:
             hold = entry.hold
             if hold is None:
                 hold = self._hold(entry)
             sample = now - entry.sent_at - hold
-            self._timer.observe(entry.api_key, sample if sample > 0.0 else 0.0)
+            self._timer.observe(api_key, sample if sample > 0.0 else 0.0)
         if self._answer_events:
             actions.events.append(
-                Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
+                Answered(api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
             )
         if self._transform is not None:
-            rewritten = self._transform(entry.api_key, entry.api_version, frame)
-            frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
-        if self._compat_client is not None and entry.api_key == _API_VERSIONS:
+            rewritten = self._transform(api_key, entry.api_version, frame)
+            if rewritten is not frame:
+                frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+        if self._compat_client is not None and api_key == _API_VERSIONS:
             frame = self._compat_answer(entry, frame, actions)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         if entry is self._sasl_handshake:
@@ -599,15 +613,27 @@ class RepairMachine:
             )
 
     def _deliver_ready(self, actions: Actions) -> None:
+        """Hand the client every answer now due in its own order: those before the first gap."""
         order = self._client_order
-        while order and order[0].response is not None:
-            request = order.pop(0)
+        ready = 0
+        for request in order:
+            if request.response is None:
+                break
+            ready += 1
+        if not ready:
+            return
+        delivered = order[:ready]
+        del order[:ready]  # nothing holds these requests any longer
+        to_client = actions.to_client
+        held = self._held_bytes
+        for request in delivered:
             response = request.response
             assert response is not None
-            self._held_bytes -= len(response)
-            if request.api_key in SASL_KEYS:
-                self._sasl_pending -= 1
-            actions.to_client.append(response)  # nothing holds the request any longer
+            held -= len(response)
+            to_client.append(response)
+        self._held_bytes = held
+        if self._sasl_pending:
+            self._sasl_pending -= sum(1 for request in delivered if request.api_key in SASL_KEYS)
 
     def _hold(self, request: _Request) -> float:
         """How long the broker may legitimately keep this request (a Fetch long-poll)."""

@@ -290,6 +290,19 @@ def test_upstream_ids_wrap_at_int32_and_skip_ids_in_use():
     assert ids == [MAX_CORRELATION_ID, 0, 1]
 
 
+def test_after_wrapping_ids_still_awaiting_an_answer_are_skipped():
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(ApiKey.METADATA, i, i) for i in range(3)], 0.0)  # ids 0, 1, 2
+    machine._next_upstream_id = MAX_CORRELATION_ID
+    ids = [
+        int.from_bytes(f[8:12], "big")
+        for f in machine.client_frames(
+            [request_frame(ApiKey.METADATA, i, i) for i in range(3, 6)], 0.0
+        ).to_upstream
+    ]
+    assert ids == [MAX_CORRELATION_ID, 3, 4]
+
+
 def sasl_handshake(correlation_id: int, mechanism: str) -> bytearray:
     return bytearray(encode_request(SaslHandshakeRequest[0](mechanism=mechanism), correlation_id, "c"))
 
