@@ -348,7 +348,9 @@ class RepairMachine:
                 actions.to_client.append(frame)
                 continue
             self._on_response(frame, now, actions)
-        self._deliver_ready(actions)  # once per batch: the order is the client's either way
+        client_order = self._client_order
+        if client_order and client_order[0].response is not None:
+            self._deliver_ready(actions)  # held answers, once per batch: the order is the client's either way
         return actions
 
     @property
@@ -533,6 +535,13 @@ class RepairMachine:
         if entry is self._sasl_handshake:
             self._sasl_handshake = None
             self._sasl_v0.handshake_answered(frame)
+        client_order = self._client_order
+        if client_order[0] is entry:  # the usual case: nothing older is owed, so no need to hold it
+            del client_order[0]
+            actions.to_client.append(frame)
+            if self._sasl_pending and api_key in SASL_KEYS:
+                self._sasl_pending -= 1
+            return
         entry.response = frame
         self._held_bytes += len(frame)
 
