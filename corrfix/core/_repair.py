@@ -340,6 +340,7 @@ class RepairMachine:
         """Responses from the broker. A frame too short for a header raises ProtocolError."""
         actions = Actions()
         sasl_v0 = self._sasl_v0
+        timed: _Request | None = None
         for frame in frames:
             if self.closed is not None:
                 break
@@ -347,7 +348,11 @@ class RepairMachine:
                 self._deliver_ready(actions)  # answers read before the token go first
                 actions.to_client.append(frame)
                 continue
-            self._on_response(frame, now, actions)
+            answered = self._on_response(frame, now, actions)
+            if timed is None:
+                timed = answered
+        if timed is not None:
+            self._sample_latency(timed, now)
         client_order = self._client_order
         if client_order and client_order[0].response is not None:
             self._deliver_ready(actions)  # held answers, once per batch: the order is the client's either way
@@ -467,7 +472,8 @@ class RepairMachine:
                 return
             del acks0[oldest]
 
-    def _on_response(self, frame: bytearray, now: float, actions: Actions) -> None:
+    def _on_response(self, frame: bytearray, now: float, actions: Actions) -> _Request | None:
+        """Match an answer to its send; returns the request if its latency may be sampled."""
         upstream_id = response_correlation_id(frame)
         entry = self._sent.get(upstream_id)
         if entry is None:
@@ -476,7 +482,7 @@ class RepairMachine:
                 actions.events.append(
                     Repaired(RepairKind.STALE_DROP, upstream_correlation_id=upstream_id, reason="unknown")
                 )
-                return
+                return None
             actions.events.append(
                 Repaired(
                     RepairKind.STALE_DROP,
@@ -486,7 +492,7 @@ class RepairMachine:
                 )
             )
             self._skip_before(acks0_seq, now, actions, evidence="reply to acks=0 Produce")
-            return
+            return None
         order = self._send_order
         # The broker answers in order: the answer is nearly always to the oldest send.
         if order[0] is entry:
@@ -495,7 +501,7 @@ class RepairMachine:
         else:
             found_loss = self._skip_before(entry.seq, now, actions, "later response")
             if self.closed is not None:
-                return
+                return None
             popped = order.pop(0)
             assert popped is entry
         del self._sent[upstream_id]
@@ -513,14 +519,8 @@ class RepairMachine:
                         reason=f"{found_loss} earlier answers lost",
                     )
                 )
-            return
+            return None
         api_key = entry.api_key
-        if entry.attempts == 1:
-            hold = entry.hold
-            if hold is None:
-                hold = self._hold(entry)
-            sample = now - entry.sent_at - hold
-            self._timer.observe(api_key, sample if sample > 0.0 else 0.0)
         if self._answer_events:
             actions.events.append(
                 Answered(api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
@@ -541,9 +541,10 @@ class RepairMachine:
             actions.to_client.append(frame)
             if self._sasl_pending and api_key in SASL_KEYS:
                 self._sasl_pending -= 1
-            return
-        entry.response = frame
-        self._held_bytes += len(frame)
+        else:
+            entry.response = frame
+            self._held_bytes += len(frame)
+        return entry if entry.attempts == 1 else None  # Karn's rule: a re-sent request's latency is ambiguous
 
     def _skip_before(self, seq: int, now: float, actions: Actions, evidence: str) -> int:
         """Every send older than ``seq`` lost its answer: re-queue the requests among them."""
@@ -643,6 +644,18 @@ class RepairMachine:
         self._held_bytes = held
         if self._sasl_pending:
             self._sasl_pending -= sum(1 for request in delivered if request.api_key in SASL_KEYS)
+
+    def _sample_latency(self, request: _Request, now: float) -> None:
+        """Feed the probe timer one answer's latency, less what the broker may hold it.
+
+        Once per batch of answers (the first answer to a request sent once), as TCP times
+        one segment per round trip: answers read together share their round trip, and
+        timing every one was a twentieth of the core's time per request."""
+        hold = request.hold
+        if hold is None:
+            hold = self._hold(request)
+        sample = now - request.sent_at - hold
+        self._timer.observe(request.api_key, sample if sample > 0.0 else 0.0)
 
     def _hold(self, request: _Request) -> float:
         """How long the broker may legitimately keep this request (a Fetch long-poll)."""
