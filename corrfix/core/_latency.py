@@ -12,34 +12,35 @@ _ALPHA = 0.125
 _BETA = 0.25
 _K = 4.0
 _KEEP_SRTT, _KEEP_RTTVAR = 1 - _ALPHA, 1 - _BETA
-"""Weights of the old estimates, computed once: ``observe`` runs for nearly every answer."""
+"""Weights of the old estimates, computed once rather than per sample."""
 
 
 class RetransmitTimer:
     """Smoothed latency and variation per api key; an unknown key gets the maximum."""
 
-    __slots__ = ("_estimates", "maximum", "minimum")
+    __slots__ = ("_estimates", "_timeouts", "maximum", "minimum")
 
     def __init__(self, minimum: float, maximum: float) -> None:
         self.minimum = min(minimum, maximum)
         self.maximum = maximum
-        self._estimates: dict[int, list[float]] = {}
-        """Per api key: [smoothed latency, its variation], updated in place."""
+        self._estimates: dict[int, tuple[float, float]] = {}
+        """Per api key: smoothed latency and its variation."""
+        self._timeouts: dict[int, float] = {}
+        """Per api key, the bounded timeout of the estimate: computed once per sample, as the
+        timeout is asked after every receive and a sample comes once per batch of answers."""
 
     def observe(self, api_key: int, sample: float) -> None:
         """Fold in one latency sample of a request that was sent only once (Karn's rule)."""
         estimate = self._estimates.get(api_key)
         if estimate is None:
-            self._estimates[api_key] = [sample, sample / 2]
-            return
-        srtt, rttvar = estimate
-        estimate[1] = _KEEP_RTTVAR * rttvar + _BETA * abs(srtt - sample)
-        estimate[0] = _KEEP_SRTT * srtt + _ALPHA * sample
+            srtt, rttvar = sample, sample / 2
+        else:
+            srtt, rttvar = estimate
+            rttvar = _KEEP_RTTVAR * rttvar + _BETA * abs(srtt - sample)
+            srtt = _KEEP_SRTT * srtt + _ALPHA * sample
+        self._estimates[api_key] = (srtt, rttvar)
+        self._timeouts[api_key] = min(max(srtt + _K * rttvar, self.minimum), self.maximum)
 
     def timeout(self, api_key: int) -> float:
         """How long an answer of this api key may be late before it is worth a probe."""
-        estimate = self._estimates.get(api_key)
-        if estimate is None:
-            return self.maximum
-        srtt, rttvar = estimate
-        return min(max(srtt + _K * rttvar, self.minimum), self.maximum)
+        return self._timeouts.get(api_key, self.maximum)
