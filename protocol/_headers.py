@@ -108,21 +108,29 @@ def parse_request_header(frame: BytesLike) -> RequestHeader:
     return _new_header(RequestHeader, (api_key, api_version, correlation_id, client_id, pos))
 
 
-class RequestHeaderReader:
-    """Parses one connection's request headers, remembering each API's header shape.
+_HeaderShape = tuple[int, bytes, int, int, str | None, int]
+"""What repeats between a connection's requests: api key and version as one int, the header
+bytes after the correlation id (client id and tagged fields), then api key, api version,
+client id and body offset."""
+_NO_SHAPE: _HeaderShape = (2**32, b"", 0, 0, None, 0)
+"""Matches no frame: api key and version read as one int32 are never 2**32."""
 
-    A client names itself the same way in every request, so after the correlation id a
-    header repeats byte for byte per api key and version; decoding its client id was a
-    quarter of a parse. A frame that repeats a remembered shape gets that shape's fields
-    and only its correlation id read; any other frame takes :func:`parse_request_header`.
+
+class RequestHeaderReader:
+    """Parses one connection's request headers, remembering the last one's shape.
+
+    A client names itself the same way in every request, so a header repeats byte for byte
+    after its correlation id from one request of an API to the next; decoding the client id
+    was a quarter of a parse. A frame that repeats the remembered shape gets its fields and
+    only its correlation id read; any other frame takes :func:`parse_request_header`.
     """
 
-    __slots__ = ("_shapes",)
+    __slots__ = ("_shape",)
 
     def __init__(self) -> None:
-        self._shapes: dict[int, tuple[bytes, int, int, str | None, int]] = {}
-        """By api key and version: the header bytes after the correlation id (client id
-        and tagged fields), then api key, api version, client id and body offset."""
+        self._shape = _NO_SHAPE
+        """One shape, not one per API: it is kept per connection, and a connection that
+        idles for hours keeps it too."""
 
     def parse(self, frame: bytes | bytearray) -> RequestHeader:
         """What :func:`parse_request_header` returns for ``frame``."""
@@ -130,23 +138,25 @@ class RequestHeaderReader:
             key, correlation_id = _SHAPE_KEY_AND_CORRELATION_ID.unpack_from(frame, SIZE_PREFIX)
         except struct.error:
             return parse_request_header(frame)  # too short: it says what is missing
-        shape = self._shapes.get(key)
-        if shape is not None:
-            tail, api_key, api_version, client_id, offset = shape
-            if frame.startswith(tail, _AFTER_CORRELATION_ID):
-                return _new_header(RequestHeader, (api_key, api_version, correlation_id, client_id, offset))
+        shape_key, tail, api_key, api_version, client_id, offset = self._shape
+        if key == shape_key and frame.startswith(tail, _AFTER_CORRELATION_ID):
+            return _new_header(RequestHeader, (api_key, api_version, correlation_id, client_id, offset))
         header = parse_request_header(frame)
         end = header.body_offset
-        if end is not None and (shape is not None or len(self._shapes) < _MAX_SHAPES):
+        if end is not None:
             tail = bytes(frame[_AFTER_CORRELATION_ID:end])
-            self._shapes[key] = (tail, header.api_key, header.api_version, header.client_id, end)
+            shape = (key, tail, header.api_key, header.api_version, header.client_id, end)
+            if len(_SHARED_SHAPES) >= _MAX_SHARED_SHAPES:  # peers choose the shapes: bounded
+                _SHARED_SHAPES.clear()  # connections keep theirs; sharing starts over
+            self._shape = _SHARED_SHAPES.setdefault(shape, shape)
         return header
 
 
 _AFTER_CORRELATION_ID = REQUEST_CORRELATION_OFFSET + 4
-_MAX_SHAPES = 64
-"""Header shapes remembered per connection: a client uses a few dozen APIs at most, and
-the peer chooses the keys, so the memo is bounded."""
+_SHARED_SHAPES: dict[_HeaderShape, _HeaderShape] = {}
+"""Every connection's shapes, each kept once: connections of one client software share
+their client id, and an idle connection then holds a reference, not its own copies."""
+_MAX_SHARED_SHAPES = 1024
 
 
 def _parse_short_request_header(frame: BytesLike) -> RequestHeader:

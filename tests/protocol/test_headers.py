@@ -12,6 +12,8 @@ from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
 from protocol import ApiKey, ProtocolError, api_schemas, frame, is_flexible, request_class, response_class
 from protocol._headers import (
+    _MAX_SHARED_SHAPES,
+    _SHARED_SHAPES,
     RequestHeaderReader,
     parse_request_header,
     patch_request_correlation_id,
@@ -228,13 +230,24 @@ def test_reader_parses_every_frame_as_the_general_parse(requests):
         assert _parse_or_error(reader.parse, framed) == _parse_or_error(parse_request_header, framed)
 
 
-def test_reader_remembers_a_bounded_number_of_shapes():
-    reader = RequestHeaderReader()
-    for api_key, version in ALL_CASES[:100]:  # the peer chooses the keys
-        framed = frame(_header_bytes(api_key, version, 1, "c", b"\x00"))
-        assert reader.parse(framed) == parse_request_header(framed)
-        assert reader.parse(framed) == parse_request_header(framed)  # from the memo, if remembered
-    assert len(reader._shapes) == 64
+def test_readers_share_shapes_and_keep_a_bounded_number():
+    _SHARED_SHAPES.clear()  # a cache: other tests may have filled it
+    first, second = RequestHeaderReader(), RequestHeaderReader()
+    framed = frame(_header_bytes(0, 9, 1, "shared", b"\x00"))
+    assert first.parse(framed) == second.parse(framed) == parse_request_header(framed)
+    assert first._shape is second._shape  # one copy of the client id for every connection
+    for i in range(_MAX_SHARED_SHAPES + 10):  # the peers choose the client ids
+        framed = frame(_header_bytes(3, 12, i, f"c{i}", b"\x00"))
+        assert first.parse(framed) == parse_request_header(framed)
+    assert 0 < len(_SHARED_SHAPES) <= _MAX_SHARED_SHAPES
+    assert first.parse(framed) is not None and first._shape in _SHARED_SHAPES
+
+
+@pytest.mark.parametrize("head", [b"\xff\xff\xff\xff", b"\x00\x00\xff\xff", b"\xff\xff\x00\x00"])
+def test_reader_rejects_negative_api_keys_and_versions_from_the_start(head):
+    framed = frame(head + b"\x00\x00\x00\x01\xff\xff\x00")
+    with pytest.raises(ProtocolError, match="request header has api key"):
+        RequestHeaderReader().parse(framed)
 
 
 # -- header versions -----------------------------------------------------------------------
