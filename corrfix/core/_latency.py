@@ -18,16 +18,15 @@ _KEEP_SRTT, _KEEP_RTTVAR = 1 - _ALPHA, 1 - _BETA
 class RetransmitTimer:
     """Smoothed latency and variation per api key; an unknown key gets the maximum."""
 
-    __slots__ = ("_estimates", "_timeouts", "maximum", "minimum")
+    __slots__ = ("_estimates", "maximum", "minimum")
 
     def __init__(self, minimum: float, maximum: float) -> None:
         self.minimum = min(minimum, maximum)
         self.maximum = maximum
-        self._estimates: dict[int, tuple[float, float]] = {}
-        """Per api key: smoothed latency and its variation."""
-        self._timeouts: dict[int, float] = {}
-        """Per api key, the bounded timeout of the estimate: computed once per sample, as the
-        timeout is asked after every receive and a sample comes once per batch of answers."""
+        self._estimates: dict[int, tuple[float, float, float]] = {}
+        """Per api key: the bounded timeout, then the smoothed latency and its variation. The
+        timeout is computed once per sample: it is asked after every receive, and a sample
+        comes once per batch of answers."""
 
     def observe(self, api_key: int, sample: float) -> None:
         """Fold in one latency sample of a request that was sent only once (Karn's rule)."""
@@ -35,17 +34,17 @@ class RetransmitTimer:
         if estimate is None:
             srtt, rttvar = sample, sample / 2
         else:
-            srtt, rttvar = estimate
+            _, srtt, rttvar = estimate
             rttvar = _KEEP_RTTVAR * rttvar + _BETA * abs(srtt - sample)
             srtt = _KEEP_SRTT * srtt + _ALPHA * sample
-        self._estimates[api_key] = (srtt, rttvar)
         timeout = srtt + _K * rttvar  # bounded by hand: min() and max() cost twice as much
         if timeout < self.minimum:
             timeout = self.minimum
         elif timeout > self.maximum:
             timeout = self.maximum
-        self._timeouts[api_key] = timeout
+        self._estimates[api_key] = (timeout, srtt, rttvar)
 
     def timeout(self, api_key: int) -> float:
         """How long an answer of this api key may be late before it is worth a probe."""
-        return self._timeouts.get(api_key, self.maximum)
+        estimate = self._estimates.get(api_key)
+        return self.maximum if estimate is None else estimate[0]

@@ -232,8 +232,9 @@ class RepairMachine:
         # Client requests not yet answered to the client, in the client's order.
         self._client_order: list[_Request] = []
         # acks=0 Produce sends: upstream id -> send sequence. A reply to one is stray, but
-        # proves every older send's answer was lost.
-        self._acks0: dict[int, int] = {}
+        # proves every older send's answer was lost. Made on the first: most connections
+        # never send one, and every connection would keep an empty dict's 64 bytes.
+        self._acks0: dict[int, int] | None = None
         self._held_bytes = 0
         self._probes_outstanding = 0
         self._probe_backoff = 0
@@ -449,7 +450,8 @@ class RepairMachine:
     def _allocate_id(self) -> int:
         """The next upstream id not awaiting an answer; after int32's last, 0 again."""
         upstream_id = self._next_upstream_id
-        while upstream_id in self._sent or upstream_id in self._acks0:
+        acks0 = self._acks0 or {}
+        while upstream_id in self._sent or upstream_id in acks0:
             upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
         if upstream_id < MAX_CORRELATION_ID:
             self._next_upstream_id = upstream_id + 1
@@ -460,6 +462,8 @@ class RepairMachine:
 
     def _remember_acks0(self, upstream_id: int) -> None:
         acks0 = self._acks0
+        if acks0 is None:
+            acks0 = self._acks0 = {}
         acks0[upstream_id] = self._seq
         if len(acks0) > MAX_ACKS0_MARKERS:
             del acks0[next(iter(acks0))]
@@ -477,7 +481,7 @@ class RepairMachine:
         upstream_id = response_correlation_id(frame)
         entry = self._sent.get(upstream_id)
         if entry is None:
-            acks0_seq = self._acks0.pop(upstream_id, None)
+            acks0_seq = self._acks0.pop(upstream_id, None) if self._acks0 else None
             if acks0_seq is None:
                 actions.events.append(
                     Repaired(RepairKind.STALE_DROP, upstream_correlation_id=upstream_id, reason="unknown")
@@ -748,6 +752,6 @@ class RepairMachine:
         self._sent.clear()
         self._send_order.clear()
         self._client_order.clear()
-        self._acks0.clear()
+        self._acks0 = None
         self._held_bytes = 0
         self._sasl_pending = 0
