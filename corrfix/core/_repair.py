@@ -156,7 +156,7 @@ class _Request:
         self.attempts = 1
         self.response: bytearray | None = None
         # Only a Fetch may be held by the broker (a long poll): its hold is read when needed.
-        self.hold: float | None = None if self.api_key == _FETCH else 0.0
+        self.hold: float | None = None if header.api_key == _FETCH else 0.0
         self.seq = seq
         self.upstream_id = upstream_id
 
@@ -294,7 +294,7 @@ class RepairMachine:
         to_upstream = actions.to_upstream
         sasl_v0 = self._sasl_v0
         sent, send_order, client_order = self._sent, self._send_order, self._client_order
-        local_answer = self._local_answer
+        local_answer, flow_events = self._local_answer, self._flow_events
         parse_header = self._headers.parse
         for frame in frames:
             if sasl_v0.active and sasl_v0.request_is_token():
@@ -328,7 +328,7 @@ class RepairMachine:
                 sent[upstream_id] = request
                 send_order.append(request)
                 client_order.append(request)
-            if self._flow_events:
+            if flow_events:
                 actions.events.append(
                     Forwarded(header.correlation_id, upstream_id, api_key, header.api_version)
                 )
@@ -479,7 +479,8 @@ class RepairMachine:
     def _on_response(self, frame: bytearray, now: float, actions: Actions) -> _Request | None:
         """Match an answer to its send; returns the request if its latency may be sampled."""
         upstream_id = response_correlation_id(frame)
-        entry = self._sent.get(upstream_id)
+        sent = self._sent
+        entry = sent.pop(upstream_id, None)
         if entry is None:
             acks0_seq = self._acks0.pop(upstream_id, None) if self._acks0 else None
             if acks0_seq is None:
@@ -503,12 +504,13 @@ class RepairMachine:
             del order[0]
             found_loss = 0
         else:
+            sent[upstream_id] = entry  # its id stays taken while the sends it overtook are re-sent
             found_loss = self._skip_before(entry.seq, now, actions, "later response")
             if self.closed is not None:
                 return None
             popped = order.pop(0)
             assert popped is entry
-        del self._sent[upstream_id]
+            del sent[upstream_id]
         if self._acks0:
             self._forget_acks0_before(entry.seq)
         self._probe_backoff = 0
