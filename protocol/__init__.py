@@ -21,6 +21,7 @@ from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecod
 from ._headers import (
     MIN_RESPONSE_FRAME,
     RequestHeader,
+    RequestHeaderReader,
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
@@ -85,6 +86,7 @@ __all__ = [
     "FrameSizeError",
     "ProtocolError",
     "RequestHeader",
+    "RequestHeaderReader",
     "SaslV0Tokens",
     "api_name",
     "api_schemas",

@@ -31,19 +31,37 @@ if TYPE_CHECKING:  # kafka-python loads only when a body is decoded or a schema 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH = ApiKey.PRODUCE, ApiKey.FETCH
 _INT16 = struct.Struct(">h")
+_LENGTH_AND_ACKS = struct.Struct(">hh")
+"""A Produce v3-v8 body's transactional_id length, then acks if that id is null."""
+_NULL_LENGTH = -1
 
 
 def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
     """The acks field of a Produce request, read without decoding the body.
 
     From v3 the body starts with transactional_id: a nullable int16-length string up to
-    v8, a compact nullable string (varint length + 1) from v9.
+    v8, a compact nullable string (varint length + 1) from v9. A producer outside a
+    transaction sends it null (length -1), so v3 to v8 first try one unpack of that length
+    and acks together.
     """
     pos = header.body_offset
     if pos is None:
         raise ProtocolError("Produce request body cannot be located")
-    end = len(frame)
     version = header.api_version
+    if PRODUCE_FIRST_TRANSACTIONAL_ID <= version < PRODUCE_FIRST_FLEXIBLE:
+        try:
+            length, acks = _LENGTH_AND_ACKS.unpack_from(frame, pos)
+        except struct.error:
+            pass  # truncated: the walk below says where
+        else:
+            if length == _NULL_LENGTH:
+                return acks
+    return _walk_to_acks(frame, pos, version)
+
+
+def _walk_to_acks(frame: BytesLike, pos: int, version: int) -> int:
+    """Skip transactional_id, whatever its version and length, and read acks."""
+    end = len(frame)
     if version >= PRODUCE_FIRST_FLEXIBLE:
         length_plus_one, pos = read_uvarint(frame, pos)
         if length_plus_one:
@@ -55,7 +73,8 @@ def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
         pos += 2 + max(length, 0)
     if pos + 2 > end:
         raise ProtocolError("Produce request truncated before acks")
-    return _INT16.unpack_from(frame, pos)[0]  # no slice: one unpack off the frame
+    acks: int = _INT16.unpack_from(frame, pos)[0]  # no slice: one unpack off the frame
+    return acks
 
 
 def expects_response(frame: BytesLike, header: RequestHeader) -> bool:

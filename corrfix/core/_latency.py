@@ -11,6 +11,8 @@ from __future__ import annotations
 _ALPHA = 0.125
 _BETA = 0.25
 _K = 4.0
+_KEEP_SRTT, _KEEP_RTTVAR = 1 - _ALPHA, 1 - _BETA
+"""Weights of the old estimates, computed once rather than per sample."""
 
 
 class RetransmitTimer:
@@ -21,23 +23,28 @@ class RetransmitTimer:
     def __init__(self, minimum: float, maximum: float) -> None:
         self.minimum = min(minimum, maximum)
         self.maximum = maximum
-        self._estimates: dict[int, tuple[float, float]] = {}
+        self._estimates: dict[int, tuple[float, float, float]] = {}
+        """Per api key: the bounded timeout, then the smoothed latency and its variation. The
+        timeout is computed once per sample: it is asked after every receive, and a sample
+        comes once per batch of answers."""
 
     def observe(self, api_key: int, sample: float) -> None:
         """Fold in one latency sample of a request that was sent only once (Karn's rule)."""
         estimate = self._estimates.get(api_key)
         if estimate is None:
-            self._estimates[api_key] = (sample, sample / 2)
-            return
-        srtt, rttvar = estimate
-        rttvar = (1 - _BETA) * rttvar + _BETA * abs(srtt - sample)
-        srtt = (1 - _ALPHA) * srtt + _ALPHA * sample
-        self._estimates[api_key] = (srtt, rttvar)
+            srtt, rttvar = sample, sample / 2
+        else:
+            _, srtt, rttvar = estimate
+            rttvar = _KEEP_RTTVAR * rttvar + _BETA * abs(srtt - sample)
+            srtt = _KEEP_SRTT * srtt + _ALPHA * sample
+        timeout = srtt + _K * rttvar  # bounded by hand: min() and max() cost twice as much
+        if timeout < self.minimum:
+            timeout = self.minimum
+        elif timeout > self.maximum:
+            timeout = self.maximum
+        self._estimates[api_key] = (timeout, srtt, rttvar)
 
     def timeout(self, api_key: int) -> float:
         """How long an answer of this api key may be late before it is worth a probe."""
         estimate = self._estimates.get(api_key)
-        if estimate is None:
-            return self.maximum
-        srtt, rttvar = estimate
-        return min(max(srtt + _K * rttvar, self.minimum), self.maximum)
+        return self.maximum if estimate is None else estimate[0]

@@ -25,13 +25,13 @@ from protocol import (
     ApiKey,
     ProtocolError,
     RequestHeader,
+    RequestHeaderReader,
     SaslV0Tokens,
     api_name,
     client_software,
     fetch_max_wait_ms,
     is_sasl_v0_handshake,
     mis_skips_tagged_fields,
-    parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
     produce_acks,
@@ -143,7 +143,9 @@ class _Request:
         "upstream_id",
     )
 
-    def __init__(self, frame: bytearray, header: RequestHeader, now: float) -> None:
+    def __init__(
+        self, frame: bytearray, header: RequestHeader, now: float, upstream_id: int = 0, seq: int = 0
+    ) -> None:
         self.frame = frame
         self.header = header
         self.api_key = header.api_key
@@ -154,9 +156,9 @@ class _Request:
         self.attempts = 1
         self.response: bytearray | None = None
         # Only a Fetch may be held by the broker (a long poll): its hold is read when needed.
-        self.hold: float | None = None if self.api_key == _FETCH else 0.0
-        self.seq = 0
-        self.upstream_id = 0
+        self.hold: float | None = None if header.api_key == _FETCH else 0.0
+        self.seq = seq
+        self.upstream_id = upstream_id
 
 
 class _Probe:
@@ -179,6 +181,8 @@ class RepairMachine:
         "_client_order",
         "_compat_client",
         "_flow_events",
+        "_fresh_ids_end",
+        "_headers",
         "_held_bytes",
         "_local_answer",
         "_next_upstream_id",
@@ -215,7 +219,11 @@ class RepairMachine:
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
+        # Below this, the next id was never used: until the ids wrap, a send takes the next
+        # one without looking it up among the sends still awaiting an answer.
+        self._fresh_ids_end = MAX_CORRELATION_ID
         self._seq = 0
+        self._headers = RequestHeaderReader()
         # Sends that expect an answer, by upstream id and in send order.
         self._sent: dict[int, _Request | _Probe] = {}
         # Lists, not deques: an empty deque takes 0.76 KiB (one block allocated up front), an
@@ -224,8 +232,9 @@ class RepairMachine:
         # Client requests not yet answered to the client, in the client's order.
         self._client_order: list[_Request] = []
         # acks=0 Produce sends: upstream id -> send sequence. A reply to one is stray, but
-        # proves every older send's answer was lost.
-        self._acks0: dict[int, int] = {}
+        # proves every older send's answer was lost. Made on the first: most connections
+        # never send one, and every connection would keep an empty dict's 64 bytes.
+        self._acks0: dict[int, int] | None = None
         self._held_bytes = 0
         self._probes_outstanding = 0
         self._probe_backoff = 0
@@ -285,12 +294,13 @@ class RepairMachine:
         to_upstream = actions.to_upstream
         sasl_v0 = self._sasl_v0
         sent, send_order, client_order = self._sent, self._send_order, self._client_order
-        local_answer = self._local_answer
+        local_answer, flow_events = self._local_answer, self._flow_events
+        parse_header = self._headers.parse
         for frame in frames:
             if sasl_v0.active and sasl_v0.request_is_token():
                 to_upstream.append(frame)
                 continue
-            header = parse_request_header(frame)
+            header = parse_header(frame)
             api_key = header.api_key
             if api_key in PREAMBLE_KEYS:
                 if api_key == _API_VERSIONS and self.config.client_compat:
@@ -300,27 +310,25 @@ class RepairMachine:
             elif self._preamble:
                 self._preamble = False
             upstream_id = self._next_upstream_id
-            if upstream_id in sent or upstream_id in self._acks0 or upstream_id >= MAX_CORRELATION_ID:
-                upstream_id = self._allocate_id()
-            else:
+            if upstream_id < self._fresh_ids_end:
                 self._next_upstream_id = upstream_id + 1
+            else:
+                upstream_id = self._allocate_id()
             patch_request_correlation_id(frame, upstream_id)
             seq = self._seq = self._seq + 1
             if api_key == _PRODUCE and produce_acks(frame, header) == 0:
                 self._remember_acks0(upstream_id)
             else:
-                request = _Request(frame, header, now)
+                request = _Request(frame, header, now, upstream_id, seq)
                 if api_key in SASL_KEYS:
                     self._sasl_pending += 1
                     if is_sasl_v0_handshake(api_key, header.api_version):
                         self._sasl_handshake = request
                         sasl_v0.handshake_sent(frame)
-                request.upstream_id = upstream_id
-                request.seq = seq
                 sent[upstream_id] = request
                 send_order.append(request)
                 client_order.append(request)
-            if self._flow_events:
+            if flow_events:
                 actions.events.append(
                     Forwarded(header.correlation_id, upstream_id, api_key, header.api_version)
                 )
@@ -333,6 +341,7 @@ class RepairMachine:
         """Responses from the broker. A frame too short for a header raises ProtocolError."""
         actions = Actions()
         sasl_v0 = self._sasl_v0
+        timed: _Request | None = None
         for frame in frames:
             if self.closed is not None:
                 break
@@ -340,8 +349,14 @@ class RepairMachine:
                 self._deliver_ready(actions)  # answers read before the token go first
                 actions.to_client.append(frame)
                 continue
-            self._on_response(frame, now, actions)
-        self._deliver_ready(actions)  # once per batch: the order is the client's either way
+            answered = self._on_response(frame, now, actions)
+            if timed is None:
+                timed = answered
+        if timed is not None:
+            self._sample_latency(timed, now)
+        client_order = self._client_order
+        if client_order and client_order[0].response is not None:
+            self._deliver_ready(actions)  # held answers, once per batch: the order is the client's either way
         return actions
 
     @property
@@ -433,14 +448,22 @@ class RepairMachine:
         return True
 
     def _allocate_id(self) -> int:
+        """The next upstream id not awaiting an answer; after int32's last, 0 again."""
         upstream_id = self._next_upstream_id
-        while upstream_id in self._sent or upstream_id in self._acks0:
+        acks0 = self._acks0 or {}
+        while upstream_id in self._sent or upstream_id in acks0:
             upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
-        self._next_upstream_id = upstream_id + 1 if upstream_id < MAX_CORRELATION_ID else 0
+        if upstream_id < MAX_CORRELATION_ID:
+            self._next_upstream_id = upstream_id + 1
+        else:
+            self._next_upstream_id = 0
+            self._fresh_ids_end = 0  # wrapped: from now on an id may still be in use
         return upstream_id
 
     def _remember_acks0(self, upstream_id: int) -> None:
         acks0 = self._acks0
+        if acks0 is None:
+            acks0 = self._acks0 = {}
         acks0[upstream_id] = self._seq
         if len(acks0) > MAX_ACKS0_MARKERS:
             del acks0[next(iter(acks0))]
@@ -453,16 +476,18 @@ class RepairMachine:
                 return
             del acks0[oldest]
 
-    def _on_response(self, frame: bytearray, now: float, actions: Actions) -> None:
+    def _on_response(self, frame: bytearray, now: float, actions: Actions) -> _Request | None:
+        """Match an answer to its send; returns the request if its latency may be sampled."""
         upstream_id = response_correlation_id(frame)
-        entry = self._sent.get(upstream_id)
+        sent = self._sent
+        entry = sent.pop(upstream_id, None)
         if entry is None:
-            acks0_seq = self._acks0.pop(upstream_id, None)
+            acks0_seq = self._acks0.pop(upstream_id, None) if self._acks0 else None
             if acks0_seq is None:
                 actions.events.append(
                     Repaired(RepairKind.STALE_DROP, upstream_correlation_id=upstream_id, reason="unknown")
                 )
-                return
+                return None
             actions.events.append(
                 Repaired(
                     RepairKind.STALE_DROP,
@@ -472,19 +497,20 @@ class RepairMachine:
                 )
             )
             self._skip_before(acks0_seq, now, actions, evidence="reply to acks=0 Produce")
-            return
+            return None
         order = self._send_order
         # The broker answers in order: the answer is nearly always to the oldest send.
         if order[0] is entry:
             del order[0]
             found_loss = 0
         else:
+            sent[upstream_id] = entry  # its id stays taken while the sends it overtook are re-sent
             found_loss = self._skip_before(entry.seq, now, actions, "later response")
             if self.closed is not None:
-                return
+                return None
             popped = order.pop(0)
             assert popped is entry
-        del self._sent[upstream_id]
+            del sent[upstream_id]
         if self._acks0:
             self._forget_acks0_before(entry.seq)
         self._probe_backoff = 0
@@ -499,28 +525,32 @@ class RepairMachine:
                         reason=f"{found_loss} earlier answers lost",
                     )
                 )
-            return
-        if entry.attempts == 1:
-            hold = entry.hold
-            if hold is None:
-                hold = self._hold(entry)
-            sample = now - entry.sent_at - hold
-            self._timer.observe(entry.api_key, sample if sample > 0.0 else 0.0)
+            return None
+        api_key = entry.api_key
         if self._answer_events:
             actions.events.append(
-                Answered(entry.api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
+                Answered(api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
             )
         if self._transform is not None:
-            rewritten = self._transform(entry.api_key, entry.api_version, frame)
-            frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
-        if self._compat_client is not None and entry.api_key == _API_VERSIONS:
+            rewritten = self._transform(api_key, entry.api_version, frame)
+            if rewritten is not frame:
+                frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+        if self._compat_client is not None and api_key == _API_VERSIONS:
             frame = self._compat_answer(entry, frame, actions)
         patch_response_correlation_id(frame, entry.client_correlation_id)
         if entry is self._sasl_handshake:
             self._sasl_handshake = None
             self._sasl_v0.handshake_answered(frame)
-        entry.response = frame
-        self._held_bytes += len(frame)
+        client_order = self._client_order
+        if client_order[0] is entry:  # the usual case: nothing older is owed, so no need to hold it
+            del client_order[0]
+            actions.to_client.append(frame)
+            if self._sasl_pending and api_key in SASL_KEYS:
+                self._sasl_pending -= 1
+        else:
+            entry.response = frame
+            self._held_bytes += len(frame)
+        return entry if entry.attempts == 1 else None  # Karn's rule: a re-sent request's latency is ambiguous
 
     def _skip_before(self, seq: int, now: float, actions: Actions, evidence: str) -> int:
         """Every send older than ``seq`` lost its answer: re-queue the requests among them."""
@@ -599,15 +629,39 @@ class RepairMachine:
             )
 
     def _deliver_ready(self, actions: Actions) -> None:
+        """Hand the client every answer now due in its own order: those before the first gap."""
         order = self._client_order
-        while order and order[0].response is not None:
-            request = order.pop(0)
+        ready = 0
+        for request in order:
+            if request.response is None:
+                break
+            ready += 1
+        if not ready:
+            return
+        delivered = order[:ready]
+        del order[:ready]  # nothing holds these requests any longer
+        to_client = actions.to_client
+        held = self._held_bytes
+        for request in delivered:
             response = request.response
             assert response is not None
-            self._held_bytes -= len(response)
-            if request.api_key in SASL_KEYS:
-                self._sasl_pending -= 1
-            actions.to_client.append(response)  # nothing holds the request any longer
+            held -= len(response)
+            to_client.append(response)
+        self._held_bytes = held
+        if self._sasl_pending:
+            self._sasl_pending -= sum(1 for request in delivered if request.api_key in SASL_KEYS)
+
+    def _sample_latency(self, request: _Request, now: float) -> None:
+        """Feed the probe timer one answer's latency, less what the broker may hold it.
+
+        Once per batch of answers (the first answer to a request sent once), as TCP times
+        one segment per round trip: answers read together share their round trip, and
+        timing every one was a twentieth of the core's time per request."""
+        hold = request.hold
+        if hold is None:
+            hold = self._hold(request)
+        sample = now - request.sent_at - hold
+        self._timer.observe(request.api_key, sample if sample > 0.0 else 0.0)
 
     def _hold(self, request: _Request) -> float:
         """How long the broker may legitimately keep this request (a Fetch long-poll)."""
@@ -700,6 +754,6 @@ class RepairMachine:
         self._sent.clear()
         self._send_order.clear()
         self._client_order.clear()
-        self._acks0.clear()
+        self._acks0 = None
         self._held_bytes = 0
         self._sasl_pending = 0

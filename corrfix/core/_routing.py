@@ -31,6 +31,8 @@ _API_VERSIONS = ApiKey.API_VERSIONS
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 MAX_BROKERS = 1024
 """Listeners the proxy opens for one cluster; a broker that invents node ids cannot exhaust ports."""
+_MAX_PLAIN_VERSIONS = 4096
+"""Api versions remembered as never carrying addresses; clients choose them, so bounded."""
 
 
 class RoutingError(ProtocolError):
@@ -87,6 +89,9 @@ class ClusterRouter:
         """The upstream address of each broker, as last advertised by the cluster."""
         self.listener_ports: dict[int, int] = {}
         self._caps: dict[int, int] | None = None
+        self._plain: set[tuple[int, int]] = set()
+        """(api key, api version) whose answers carry no address: asked of every answer, and
+        a set lookup costs half of asking :func:`~protocol.needs_rewrite` again."""
 
     @property
     def caps(self) -> dict[int, int]:
@@ -126,10 +131,14 @@ class ClusterRouter:
 
     def transform(self, api_key: int, api_version: int, frame: bytearray) -> bytes | bytearray:
         """A :data:`~corrfix.core._repair.ResponseTransform` for the repair machine."""
+        if (api_key, api_version) in self._plain:
+            return frame
         if api_key == _API_VERSIONS:
             return cap_api_versions(frame, api_version, self.caps)
         if needs_rewrite(api_key, api_version):
             return rewrite_response(frame, api_key, api_version, self.map_address) or frame
+        if len(self._plain) < _MAX_PLAIN_VERSIONS:
+            self._plain.add((api_key, api_version))
         return frame
 
     def local_answer(self, header: RequestHeader) -> bytes | None:

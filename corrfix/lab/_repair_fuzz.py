@@ -88,7 +88,7 @@ class FuzzHarness:
             self.closed = actions.close
         elif single and not self.sasl_raw:
             assert len(set(ids)) == len(ids)
-            assert all(i in machine._sent or i in machine._acks0 for i in ids)
+            assert all(i in machine._sent or i in (machine._acks0 or ()) for i in ids)
         check_invariants(machine, self.accepted)
 
     # -- the client --------------------------------------------------------------------
@@ -279,8 +279,9 @@ def check_invariants(machine: RepairMachine, accepted: int) -> None:
     assert machine.held_bytes == sum(len(r.response) for r in owed if r.response is not None)
     assert not owed or owed[0].response is None, "a ready answer was not delivered"
     assert machine.outstanding <= accepted
-    assert len(machine._acks0) <= MAX_ACKS0_MARKERS
-    assert not set(machine._acks0) & set(machine._sent)
+    acks0 = machine._acks0 or {}  # None until the first acks=0 Produce
+    assert len(acks0) <= MAX_ACKS0_MARKERS
+    assert not set(acks0) & set(machine._sent)
     if machine.outstanding:
         assert machine.next_deadline() is not None, "requests owed but no timer set"
 

@@ -12,6 +12,9 @@ from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
 from protocol import ApiKey, ProtocolError, api_schemas, frame, is_flexible, request_class, response_class
 from protocol._headers import (
+    _MAX_SHARED_SHAPES,
+    _SHARED_SHAPES,
+    RequestHeaderReader,
     parse_request_header,
     patch_request_correlation_id,
     patch_response_correlation_id,
@@ -168,6 +171,83 @@ def test_header_v1_has_no_tagged_section(api_key, version):
     raw = kafka_request_header(api_key, version, 1, "c")
     header = parse_request_header(frame(raw + b"\x05"))
     assert header.body_offset == 4 + len(raw)
+
+
+# -- the per-connection reader against the general parse ----------------------------------
+
+READER_CASES = [(0, 7), (0, 9), (3, 12), (18, 0), (18, 3), (1, 4), (7, 0), (7, 1), (4, 0), (999, 2)]
+"""Rigid and flexible headers, header v0 (ControlledShutdown v0) and unknown APIs."""
+FEW_CLIENT_IDS = st.sampled_from([None, "", "bench", "benc", "bench-2", "é"])
+"""Few enough that a sequence repeats shapes, and alike enough to tell apart by a byte."""
+
+
+def _parse_or_error(parse, framed) -> object:
+    try:
+        return parse(framed)
+    except ProtocolError as exc:
+        return ("error", str(exc))
+
+
+def _header_bytes(
+    api_key: int, version: int, correlation_id: int, client_id: str | None, tags: bytes
+) -> bytes:
+    """A request header by hand, so that unknown APIs and header v0 can be written too."""
+    raw = (
+        api_key.to_bytes(2, "big")
+        + version.to_bytes(2, "big")
+        + correlation_id.to_bytes(4, "big", signed=True)
+    )
+    if request_header_version(api_key, version) == 0:
+        return raw
+    encoded = None if client_id is None else client_id.encode()
+    raw += (
+        (-1).to_bytes(2, "big", signed=True) if encoded is None else len(encoded).to_bytes(2, "big") + encoded
+    )
+    return raw + tags if request_header_version(api_key, version) == 2 else raw
+
+
+@settings(max_examples=150)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from(READER_CASES),
+            INT32,
+            FEW_CLIENT_IDS,
+            st.sampled_from([b"\x00", b"\x01\x05\x02zz", b"\x01\x05"]),  # the last is truncated
+            st.binary(max_size=6),
+            st.integers(0, 8),  # bytes cut off the end
+            st.sampled_from([bytes, bytearray]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_reader_parses_every_frame_as_the_general_parse(requests):
+    reader = RequestHeaderReader()
+    for (api_key, version), correlation_id, client_id, tags, body, cut, kind in requests:
+        framed = frame(_header_bytes(api_key, version, correlation_id, client_id, tags) + body)
+        framed = kind(framed[: max(len(framed) - cut, 4)])
+        assert _parse_or_error(reader.parse, framed) == _parse_or_error(parse_request_header, framed)
+
+
+def test_readers_share_shapes_and_keep_a_bounded_number():
+    _SHARED_SHAPES.clear()  # a cache: other tests may have filled it
+    first, second = RequestHeaderReader(), RequestHeaderReader()
+    framed = frame(_header_bytes(0, 9, 1, "shared", b"\x00"))
+    assert first.parse(framed) == second.parse(framed) == parse_request_header(framed)
+    assert first._shape is second._shape  # one copy of the client id for every connection
+    for i in range(_MAX_SHARED_SHAPES + 10):  # the peers choose the client ids
+        framed = frame(_header_bytes(3, 12, i, f"c{i}", b"\x00"))
+        assert first.parse(framed) == parse_request_header(framed)
+    assert 0 < len(_SHARED_SHAPES) <= _MAX_SHARED_SHAPES
+    assert first.parse(framed) is not None and first._shape in _SHARED_SHAPES
+
+
+@pytest.mark.parametrize("head", [b"\xff\xff\xff\xff", b"\x00\x00\xff\xff", b"\xff\xff\x00\x00"])
+def test_reader_rejects_negative_api_keys_and_versions_from_the_start(head):
+    framed = frame(head + b"\x00\x00\x00\x01\xff\xff\x00")
+    with pytest.raises(ProtocolError, match="request header has api key"):
+        RequestHeaderReader().parse(framed)
 
 
 # -- header versions -----------------------------------------------------------------------

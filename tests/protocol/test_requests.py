@@ -22,6 +22,7 @@ from protocol import (
     produce_acks,
     produce_is_idempotent,
 )
+from protocol._requests import _walk_to_acks
 from protocol.testing import encode_request
 from tests.support.produce_frames import TOPIC_ID, legacy_batch, produce_frame, record_batch
 
@@ -111,6 +112,27 @@ def test_produce_acks_for_a_version_newer_than_kafka_python_knows():
     assert header.api_version == 14
     assert produce_acks(framed, header) == 0
     assert expects_response(framed, header) is False
+
+
+def _acks_or_error(read, *args) -> object:
+    try:
+        return read(*args)
+    except ProtocolError as exc:
+        return ("error", str(exc))
+
+
+@settings(max_examples=300)
+@given(
+    version=st.integers(0, 15),
+    body=st.one_of(
+        st.binary(max_size=8),
+        st.binary(max_size=6).map(lambda rest: b"\xff\xff" + rest),  # a null transactional_id
+    ),
+)
+def test_produce_acks_fast_path_agrees_with_the_walk(version, body):
+    header = RequestHeader(0, version, 77, "producer-1", 14)
+    framed = bytearray(14) + body  # a header's worth of bytes; the body starts at 14
+    assert _acks_or_error(produce_acks, framed, header) == _acks_or_error(_walk_to_acks, framed, 14, version)
 
 
 @settings(deadline=None, max_examples=80)

@@ -205,6 +205,18 @@ def test_probe_timeout_adapts_to_observed_latency():
     assert deadline - now == pytest.approx(CONFIG.probe_min, abs=0.01)
 
 
+def test_the_probe_timer_takes_one_sample_per_batch_of_answers():
+    """Like TCP timing one segment per round trip: the first answer of a batch that was sent
+    once; answers read together share their round trip."""
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(ApiKey.METADATA, i, i) for i in range(3)], 0.0)
+    machine.upstream_frames([response_frame(i, i) for i in range(3)], 0.1)
+    machine.client_frames([request_frame(ApiKey.METADATA, 3, 3)], 0.2)
+    # One sample of 0.1 s: smoothed 0.1, variation 0.05, so the probe is due 0.3 s after the
+    # send (three samples would have narrowed the variation to 0.028).
+    assert machine.next_deadline() == pytest.approx(0.2 + 0.1 + 4 * 0.05)
+
+
 def test_give_up_after_max_requeues_closes_the_client():
     config = RepairConfig(max_requeues=1)
     machine = RepairMachine(config)
@@ -288,6 +300,19 @@ def test_upstream_ids_wrap_at_int32_and_skip_ids_in_use():
         ).to_upstream
     ]
     assert ids == [MAX_CORRELATION_ID, 0, 1]
+
+
+def test_after_wrapping_ids_still_awaiting_an_answer_are_skipped():
+    machine = RepairMachine(CONFIG)
+    machine.client_frames([request_frame(ApiKey.METADATA, i, i) for i in range(3)], 0.0)  # ids 0, 1, 2
+    machine._next_upstream_id = MAX_CORRELATION_ID
+    ids = [
+        int.from_bytes(f[8:12], "big")
+        for f in machine.client_frames(
+            [request_frame(ApiKey.METADATA, i, i) for i in range(3, 6)], 0.0
+        ).to_upstream
+    ]
+    assert ids == [MAX_CORRELATION_ID, 3, 4]
 
 
 def sasl_handshake(correlation_id: int, mechanism: str) -> bytearray:

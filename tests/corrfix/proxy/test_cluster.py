@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from corrfix.core import Address, BrokerPorts, ClusterRouter, RoutingError
-from protocol import ProtocolError
+from protocol import ApiKey, ProtocolError, cap_api_versions, response_class
+from protocol.testing import encode_response
 
 PROXY = Address("127.0.0.1", 9092)
 
@@ -84,3 +85,22 @@ def test_a_cluster_cannot_make_the_proxy_open_unbounded_listeners():
 def test_a_wildcard_is_never_advertised(host):
     with pytest.raises(ValueError, match="--advertised-host"):
         ClusterRouter(host, BrokerPorts(), Listeners(), set)
+
+
+def _metadata_answer(host: str) -> bytearray:
+    cls = response_class(ApiKey.METADATA)
+    broker = cls.MetadataResponseBroker(version=1, node_id=1, host=host, port=9092, rack=None)
+    return bytearray(encode_response(cls(version=1, brokers=[broker], controller_id=1, topics=[]), 7))
+
+
+def test_every_answer_that_can_carry_addresses_is_rewritten_each_time():
+    """The router remembers which versions carry none; that must not spare one that does."""
+    r = router()
+    for _ in range(3):
+        produce = bytearray(encode_response(response_class(ApiKey.PRODUCE)[7](), 7))
+        assert r.transform(ApiKey.PRODUCE, 7, produce) is produce
+        rewritten = r.transform(ApiKey.METADATA, 1, _metadata_answer("b1"))
+        assert b"proxy.example" in rewritten and b"b1" not in rewritten
+        assert r.brokers == {1: Address("b1", 9092)}
+        versions = bytearray(encode_response(response_class(ApiKey.API_VERSIONS)[0](), 7))
+        assert r.transform(ApiKey.API_VERSIONS, 0, versions) == cap_api_versions(versions, 0, r.caps)

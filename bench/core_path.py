@@ -1,0 +1,83 @@
+"""The connection core's CPU per request as the engine feeds it, without sockets (issue #15).
+
+At 100 B x 16 x 5 every receive carries five frames each way, so this feeds one
+``ConnectionCore`` batches of ``--in-flight`` Produce v7 requests (the relay bench's frames),
+echoes one answer per request (an upstream id, 40 bytes of body) in one chunk, and reads the
+deadline after each pair, with the cluster router's transform and local answer in place and
+no observer. Each batch's round trip varies a little: a constant one drives the probe timer's
+variation into subnormal floats, whose arithmetic is slow. Every batch's answers are checked
+to reach the client, so a broken feed cannot pass for a fast one. Thread CPU µs per request;
+best and median of the rounds.
+
+    PYTHONPATH=<tree> python bench/core_path.py [--in-flight 5] [--requests 40000] [--rounds 7]
+
+Run it from outside a checkout for an A/B, so that ``PYTHONPATH`` decides which tree is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from frames import CORRELATION_OFFSET, produce_frame
+
+from corrfix.core import BrokerPorts, ClusterRouter, ConnectionConfig, ConnectionCore, RepairMachine
+
+ANSWER_BODY = bytes(40)
+
+
+def one_round(request: bytes, in_flight: int, requests: int) -> float:
+    """CPU µs per request for ``requests`` requests, ``in_flight`` per receive."""
+    router = ClusterRouter("127.0.0.1", BrokerPorts(), lambda node, port: 1, set)
+    machine = RepairMachine(
+        transform=router.transform, local_answer=router.local_answer, flow_events=False, answer_events=False
+    )
+    core = ConnectionCore(ConnectionConfig(), machine, 0.0)
+    chunk = bytearray()
+    for i in range(in_flight):
+        frame = bytearray(request)
+        frame[CORRELATION_OFFSET : CORRELATION_OFFSET + 4] = i.to_bytes(4, "big")
+        chunk += frame
+    answer_size = 8 + len(ANSWER_BODY)
+    answer = (4 + len(ANSWER_BODY)).to_bytes(4, "big") + bytes(4) + ANSWER_BODY
+    answers = bytearray(answer * in_flight)
+    now = 1.0
+    started = time.thread_time()
+    for batch in range(requests // in_flight):
+        core.receive_client(memoryview(chunk), now)
+        to_upstream, _, _ = core.take()
+        pos = 4
+        for frame in to_upstream:  # the broker answers each upstream id
+            answers[pos : pos + 4] = frame[CORRELATION_OFFSET : CORRELATION_OFFSET + 4]
+            pos += answer_size
+        core.receive_upstream(memoryview(answers), now + 0.0003 + (batch % 7) * 0.00001)
+        _, to_client, _ = core.take()
+        if len(to_client) != in_flight:
+            raise SystemExit(
+                f"{len(to_client)} answers reached the client, not {in_flight}: {core.close_reason}"
+            )
+        core.next_deadline()
+        now += 0.0001
+    return (time.thread_time() - started) / requests * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--in-flight", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=40_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--size", type=int, default=100, help="request frame bytes")
+    args = parser.parse_args()
+    request = produce_frame(args.size)
+    rounds = sorted(one_round(request, args.in_flight, args.requests) for _ in range(args.rounds))
+    print(
+        f"{args.size} B, {args.in_flight} in flight: best {rounds[0]:.3f}, "
+        f"median {statistics.median(rounds):.3f} µs per request"
+    )
+
+
+if __name__ == "__main__":
+    main()
