@@ -143,7 +143,7 @@ class RequestHeaderReader:
             return _new_header(RequestHeader, (api_key, api_version, correlation_id, client_id, offset))
         header = parse_request_header(frame)
         end = header.body_offset
-        if end is not None:
+        if end is not None and end - _AFTER_CORRELATION_ID <= _MAX_SHAPE_TAIL:
             tail = bytes(frame[_AFTER_CORRELATION_ID:end])
             shape = (key, tail, header.api_key, header.api_version, header.client_id, end)
             if len(_SHARED_SHAPES) >= _MAX_SHARED_SHAPES:  # peers choose the shapes: bounded
@@ -157,6 +157,10 @@ _SHARED_SHAPES: dict[_HeaderShape, _HeaderShape] = {}
 """Every connection's shapes, each kept once: connections of one client software share
 their client id, and an idle connection then holds a reference, not its own copies."""
 _MAX_SHARED_SHAPES = 1024
+_MAX_SHAPE_TAIL = 256
+"""Longest header tail (client id and tagged fields) remembered: a client id can be 32 KiB,
+and a peer that sends such ids must not make every connection, or the shared table (at most
+a quarter MiB this way), hold copies of them. Such headers are parsed every time."""
 
 
 def _parse_short_request_header(frame: BytesLike) -> RequestHeader:

@@ -12,6 +12,7 @@ from kafka.protocol.api_header import ResponseHeader as KafkaResponseHeader
 
 from protocol import ApiKey, ProtocolError, api_schemas, frame, is_flexible, request_class, response_class
 from protocol._headers import (
+    _MAX_SHAPE_TAIL,
     _MAX_SHARED_SHAPES,
     _SHARED_SHAPES,
     RequestHeaderReader,
@@ -241,6 +242,21 @@ def test_readers_share_shapes_and_keep_a_bounded_number():
         assert first.parse(framed) == parse_request_header(framed)
     assert 0 < len(_SHARED_SHAPES) <= _MAX_SHARED_SHAPES
     assert first.parse(framed) is not None and first._shape in _SHARED_SHAPES
+
+
+def test_a_long_client_id_is_parsed_every_time_and_never_kept():
+    """A peer choosing 32 KiB client ids must not make connections or the shared table hold them."""
+    _SHARED_SHAPES.clear()
+    reader = RequestHeaderReader()
+    short = frame(_header_bytes(0, 9, 1, "short", b"\x00"))
+    reader.parse(short)
+    kept = reader._shape
+    long_id = "x" * 30_000
+    for correlation_id in (2, 3):
+        framed = frame(_header_bytes(0, 9, correlation_id, long_id, b"\x00"))
+        assert reader.parse(framed) == parse_request_header(framed)
+        assert reader._shape is kept
+    assert all(len(shape[1]) <= _MAX_SHAPE_TAIL for shape in _SHARED_SHAPES)
 
 
 @pytest.mark.parametrize("head", [b"\xff\xff\xff\xff", b"\x00\x00\xff\xff", b"\xff\xff\x00\x00"])
