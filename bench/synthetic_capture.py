@@ -18,7 +18,7 @@ from kafka.protocol.producer import ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from corrfix.capture import CaptureWriter
-from corrfix.core import Forwarded, Received, Sent
+from corrfix.core import HEADER_COPY, Forwarded, Received, Sent
 from protocol import ApiKey
 from protocol.testing import encode_response
 
@@ -91,11 +91,9 @@ def write_capture(directory: Path, frames: int, connections: int = 8) -> int:
                     conn,
                     [
                         *forwarded,
-                        Received("client", [bytes(f) for f in client_req], [len(f) for f in client_req]),
+                        Received("client", [bytes(f[:HEADER_COPY]) for f in client_req], client_req),
                         Sent("upstream", upstream_req),
-                        Received(
-                            "upstream", [bytes(f) for f in upstream_resp], [len(f) for f in upstream_resp]
-                        ),
+                        Received("upstream", [bytes(f[:HEADER_COPY]) for f in upstream_resp], upstream_resp),
                         Sent("client", client_resp),
                     ],
                 )

@@ -159,8 +159,9 @@ their client id, and an idle connection then holds a reference, not its own copi
 _MAX_SHARED_SHAPES = 1024
 _MAX_SHAPE_TAIL = 256
 """Longest header tail (client id and tagged fields) remembered: a client id can be 32 KiB,
-and a peer that sends such ids must not make every connection, or the shared table (at most
-a quarter MiB this way), hold copies of them. Such headers are parsed every time."""
+and a peer that sends such ids must not make every connection, or the shared table, hold
+copies of them. Such headers are parsed every time; the table then holds at most 1,024
+shapes of a few hundred bytes each (the tail, and the client id decoded)."""
 
 
 def _parse_short_request_header(frame: BytesLike) -> RequestHeader:

@@ -162,11 +162,6 @@ def _first_bytes(
     return pieces[:count]
 
 
-def kinds_of(records: bytearray) -> Counter[str]:
-    """Rows per kind of packed records, for counting rows lost before they were queued."""
-    return _kinds(np.frombuffer(records, _DTYPE)["shape"])
-
-
 def _kinds(shapes: np.ndarray) -> Counter[str]:
     counts = np.bincount(shapes, minlength=len(SHAPES))
     found: Counter[str] = Counter()

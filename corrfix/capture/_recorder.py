@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -39,12 +40,11 @@ from corrfix.capture._columns import (
     WARNING_INTERVAL,
     Extra,
     RowColumns,
-    kinds_of,
     pack_row,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
-from corrfix.capture.format import SHARED_HEAD, SHARED_MIN
-from corrfix.core import Event, Forwarded, Received, RepairEvent, RepairKind, Sent
+from corrfix.capture.format import SHARED_HEAD, SHARED_MIN, RowKind
+from corrfix.core import HEADER_COPY, Event, Forwarded, Received, RepairEvent, RepairKind, Sent
 from protocol import (
     ApiKey,
     ProtocolError,
@@ -64,6 +64,9 @@ _SASL_AUTHENTICATE, _SASL_HANDSHAKE, _API_VERSIONS, _PRODUCE = (
     ApiKey.PRODUCE,
 )
 _REQUEUE, _PROBE_SENT = RepairKind.REQUEUE, RepairKind.PROBE_SENT
+
+if HEADER_COPY < SHARED_HEAD:
+    raise ImportError("the core's head copies must hold a shared client row's head")
 
 MAX_TRACKED_IDS = 4096
 """Ids remembered per connection and side; answers that never come (acks=0) age out."""
@@ -144,7 +147,7 @@ class Recorder:
         try:
             self._record(connection, events)
         except Exception:  # a bug costs these rows, never the connection the relay is serving
-            self._abandon_call()
+            self._abandon_call(events)
 
     def _record(self, connection: str, events: Sequence[Event]) -> None:
         conn = self._connections.get(connection)
@@ -444,9 +447,10 @@ class Recorder:
         self._records += pack_row(seq, wall, mono, NULL, NULL, NULL, NULL, length, shape, len(kept))
         self._frames.append(kept)
 
-    def _abandon_call(self) -> None:
-        """Drop what a failed call gathered, counted as lost, and say so (at most every 10 s)."""
-        lost = kinds_of(self._records)
+    def _abandon_call(self, events: Sequence[Event]) -> None:
+        """Drop what a failed call gathered, and count as lost every row its events would have
+        made, packed yet or not; say so at most every 10 s."""
+        lost = _rows_of(events)
         self._records, self._frames, self._extras = bytearray(), [], []
         self._requests_in.clear()
         self._answers_in.clear()
@@ -461,6 +465,17 @@ class Recorder:
         records, frames, extras = self._records, self._frames, self._extras
         self._records, self._frames, self._extras = bytearray(), [], []
         self._columns.extend(connection, records, frames, extras)
+
+
+def _rows_of(events: Sequence[Event]) -> Counter[str]:
+    """Rows per kind that these events make: one per frame received or sent, one per repair."""
+    rows: Counter[str] = Counter()
+    for event in events:
+        if isinstance(event, Received | Sent):
+            rows[RowKind.FRAME.value] += len(event.frames)
+        elif isinstance(event, RepairEvent):
+            rows[RowKind.REPAIR.value] += 1
+    return rows
 
 
 def _head_is_enough(frame: bytes | memoryview, api_key: int) -> bool:

@@ -78,7 +78,10 @@ class Phase(Enum):
 
 
 ResponseTransform = Callable[[int, int, bytearray], bytes | bytearray]
-"""``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery."""
+"""``(api_key, api_version, response frame) -> frame``: rewrites an answer before delivery.
+It returns the frame it was given only when it changes nothing, and never changes that frame
+in place: a capture reads the broker's bytes from it (:class:`~corrfix.core.Received`), and
+knows an answer was delivered unchanged by its being the same object."""
 LocalAnswer = Callable[[RequestHeader], bytes | None]
 """Returns the proxy's own answer to a request it must not forward (with the client's id).
 Asked about ApiVersions and SASL requests only (``PREAMBLE_KEYS``): what a proxy may answer
@@ -341,7 +344,7 @@ class RepairMachine:
         """Responses from the broker. A frame too short for a header raises ProtocolError."""
         actions = Actions()
         sasl_v0 = self._sasl_v0
-        timed: _Request | None = None
+        timed: dict[int, _Request] = {}  # the first answer of each api key in the batch
         for frame in frames:
             if self.closed is not None:
                 break
@@ -350,10 +353,10 @@ class RepairMachine:
                 actions.to_client.append(frame)
                 continue
             answered = self._on_response(frame, now, actions)
-            if timed is None:
-                timed = answered
-        if timed is not None:
-            self._sample_latency(timed, now)
+            if answered is not None and answered.api_key not in timed:
+                timed[answered.api_key] = answered
+        for request in timed.values():
+            self._sample_latency(request, now)
         client_order = self._client_order
         if client_order and client_order[0].response is not None:
             self._deliver_ready(actions)  # held answers, once per batch: the order is the client's either way
@@ -654,9 +657,11 @@ class RepairMachine:
     def _sample_latency(self, request: _Request, now: float) -> None:
         """Feed the probe timer one answer's latency, less what the broker may hold it.
 
-        Once per batch of answers (the first answer to a request sent once), as TCP times
-        one segment per round trip: answers read together share their round trip, and
-        timing every one was a twentieth of the core's time per request."""
+        Once per api key and batch of answers (the first answer of the key to a request sent
+        once), as TCP times one segment per round trip: answers read together share their
+        round trip, and timing every one was a twentieth of the core's time per request.
+        Per api key, because each key has its own estimate: a key whose answers always come
+        behind another's in a read must still be timed."""
         hold = request.hold
         if hold is None:
             hold = self._hold(request)

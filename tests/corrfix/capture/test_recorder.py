@@ -44,6 +44,20 @@ def test_a_failing_call_loses_its_rows_counted_and_the_next_call_records_cleanly
     assert [row["seq"] for row in rows] == [0, 3, 4]  # the lost rows keep their numbers
 
 
+def test_a_call_that_fails_before_packing_a_row_still_counts_every_row_it_loses(monkeypatch):
+    columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
+    recorder = Recorder(columns, snaplen=65536)
+    shell = Shell(recorder)
+    shell.open()
+
+    def broken(self, *args):
+        raise RuntimeError("a bug in recording")
+
+    monkeypatch.setattr(Recorder, "_client_request", broken)
+    shell.client_sends(request_frame(ApiKey.METADATA, 7, 0), request_frame(ApiKey.METADATA, 8, 1))
+    assert columns.lost == 4 and columns.lost_by_kind == {"frame": 4}  # two received, two sent
+
+
 def test_record_batch_refuses_frame_sizes_that_disagree_with_the_bytes_held():
     columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
     recorder = Recorder(columns, snaplen=65536)

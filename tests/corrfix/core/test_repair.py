@@ -217,6 +217,22 @@ def test_the_probe_timer_takes_one_sample_per_batch_of_answers():
     assert machine.next_deadline() == pytest.approx(0.2 + 0.1 + 4 * 0.05)
 
 
+def test_each_api_key_is_timed_even_when_its_answers_come_behind_anothers():
+    """One sample per api key and batch: Metadata answered right behind Produce in every read
+    still learns its own round trip, so its lost answer is probed for in time."""
+    machine = RepairMachine(CONFIG)
+    now = 0.0
+    for i in range(0, 100, 2):
+        machine.client_frames(
+            [request_frame(ApiKey.PRODUCE, i, i), request_frame(ApiKey.METADATA, i + 1, i)], now
+        )
+        machine.upstream_frames([response_frame(i, i), response_frame(i + 1, i)], now + 0.005)
+        now += 0.01
+    machine.client_frames([request_frame(ApiKey.METADATA, 200, 200)], now)
+    deadline = machine.next_deadline()
+    assert deadline is not None and deadline - now == pytest.approx(CONFIG.probe_min, abs=0.01)
+
+
 def test_give_up_after_max_requeues_closes_the_client():
     config = RepairConfig(max_requeues=1)
     machine = RepairMachine(config)
