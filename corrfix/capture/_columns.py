@@ -44,8 +44,12 @@ NULL = -(1 << 62)
 MAX_FRAME_BYTES = BINARY_MAX_BYTES
 """Frame bytes one swap may hold: they become one Arrow ``binary`` array."""
 _JOIN_BELOW = 64 * 1024
-"""Frames of one call up to this many bytes in all are joined and copied in one call
-(joining copies them once more, which costs less than a Python step per small frame)."""
+_JOIN_PIECE = 2048
+"""A call's pieces, when they hold up to ``_JOIN_BELOW`` bytes in all and fewer than
+``_JOIN_PIECE`` on average, are joined and copied in one call: joining copies them once
+more, which costs less than a Python step per small piece, but more than that step for a
+piece of a few KiB (a call with a 16 KiB frame, into a buffer larger than the caches:
+4.9 µs per call joined against 3.2 µs piece by piece, measured)."""
 
 # What a row is: its kind, side and direction in one code, the index into these tables.
 SHAPES: tuple[tuple[RowKind, Side | None, Direction | None], ...] = (
@@ -289,7 +293,7 @@ class RowColumns:
         self._records += records
         if frames:
             buffer, end = self._frames, self._end
-            if len(frames) > 1 and stored <= _JOIN_BELOW:  # small frames: one copy call
+            if len(frames) > 1 and stored <= _JOIN_BELOW and stored < _JOIN_PIECE * len(frames):
                 buffer[end : end + stored] = b"".join(frames)
             else:
                 for frame in frames:
