@@ -1,4 +1,5 @@
-"""Relay and capture figures: echo-broker load through direct, haproxy and corrfix variants.
+"""Relay and capture figures: echo-broker load through direct, haproxy, the bare Python relay
+and corrfix variants.
 
 Every case (frame size × connections × requests in flight) is run against every target in
 the same invocation, the targets interleaved and rotated each repeat so that noise from a
@@ -39,7 +40,7 @@ class Case:
 
 FULL_CASES = [Case(s, c, w) for s in (100, 16 * KIB, MIB) for c in (1, 16) for w in (1, 5)]
 QUICK_CASES = [Case(100, 1, 1), Case(100, 16, 5), Case(16 * KIB, 16, 1), Case(MIB, 16, 1)]
-ALL_TARGETS = ("direct", "haproxy", "corrfix", "corrfix-w2", "corrfix-capture")
+ALL_TARGETS = ("direct", "haproxy", "bare-python", "corrfix", "corrfix-w2", "corrfix-capture")
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def run_relay(
                 running[name] = echo
             elif name == "haproxy":
                 running[name] = stack.enter_context(targets.haproxy(echo.port, work))
+            elif name == "bare-python":
+                running[name] = stack.enter_context(targets.bare_relay(echo.port, work))
             elif name == "corrfix":
                 running[name] = stack.enter_context(targets.corrfix(echo.port, work, name))
             elif name == "corrfix-w2":

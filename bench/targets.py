@@ -1,4 +1,5 @@
-"""The processes a benchmark measures: the echo broker, corrfix, and haproxy in tcp mode.
+"""The processes a benchmark measures: the echo broker, corrfix, haproxy in tcp mode, and
+the bare Python relay.
 
 Each is a context manager that starts a child process on loopback and always stops it.
 ``pid`` is what :mod:`procstat` samples; for ``corrfix --workers 2`` that is the
@@ -103,6 +104,17 @@ def haproxy(upstream: int, work: Path, port: int | None = None) -> Iterator[Targ
     with _Child([binary, "-db", "-f", str(config)], port, work / "haproxy.log") as child:
         assert child.proc is not None
         yield Target("haproxy", port, child.proc.pid)
+
+
+@contextlib.contextmanager
+def bare_relay(upstream: int, work: Path) -> Iterator[Target]:
+    """The least a Python relay does (bench/bare_relay.py): this interpreter's floor."""
+    port = free_port()
+    command = [sys.executable, str(HERE / "bare_relay.py"), "--listen", f"{LOOPBACK}:{port}"]
+    command += ["--upstream", f"{LOOPBACK}:{upstream}"]
+    with _Child(command, port, work / "bare-python.log") as child:
+        assert child.proc is not None
+        yield Target("bare-python", port, child.proc.pid)
 
 
 @contextlib.contextmanager
