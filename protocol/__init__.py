@@ -19,7 +19,10 @@ from ._bodies import body_decodes_exactly, decode_body, encode_body
 from ._errors import FrameSizeError, ProtocolError
 from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecoder, frame
 from ._headers import (
+    CORRELATION_ID,
     MIN_RESPONSE_FRAME,
+    REQUEST_CORRELATION_OFFSET,
+    RESPONSE_CORRELATION_OFFSET,
     RequestHeader,
     RequestHeaderReader,
     parse_request_header,
@@ -63,6 +66,7 @@ from ._schemas import (
 from ._varint import read_tagged_fields, read_uvarint
 
 __all__ = [
+    "CORRELATION_ID",
     "DEFAULT_MAX_FRAME_SIZE",
     "HEADER_IMPLAUSIBLE",
     "HEADER_NEEDS_MORE",
@@ -76,6 +80,8 @@ __all__ = [
     "RECORD_BATCH_HEADER_SIZE",
     "RECORD_BATCH_LOG_OVERHEAD",
     "RECORD_BATCH_MAGIC_OFFSET",
+    "REQUEST_CORRELATION_OFFSET",
+    "RESPONSE_CORRELATION_OFFSET",
     "SASL_KEYS",
     "SASL_V0_ROUNDS",
     "SIZE_PREFIX",

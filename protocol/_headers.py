@@ -29,8 +29,11 @@ _REQUEST_HEAD_V1 = struct.Struct(">hhih")  # and the client id's length (header 
 _SHAPE_KEY_AND_CORRELATION_ID = struct.Struct(">ii")
 """Api key and api version read as one int (a dict key that needs no tuple), and the
 correlation id, in one unpack."""
-_CORRELATION_ID = struct.Struct(">i")
-"""Read and written in place: a slice and ``int.from_bytes`` cost four times as much."""
+CORRELATION_ID = struct.Struct(">i")
+"""A header's correlation id: an int32 at :data:`REQUEST_CORRELATION_OFFSET` of a request
+frame and :data:`RESPONSE_CORRELATION_OFFSET` of a response frame. Read and written in
+place: a slice and ``int.from_bytes`` cost four times as much. The proxy's hot path packs
+ids it knows to be int32s with it directly (a call of the functions below costs 0.1 µs)."""
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _HEADER_VERSIONS: dict[tuple[int, int], int | None] = {}
 """Request header version by (api key, api version), filled as versions are seen: a dict hit
@@ -186,13 +189,13 @@ def response_body_offset(frame: BytesLike, api_key: int, api_version: int) -> in
 
 
 def request_correlation_id(frame: BytesLike) -> int:
-    correlation_id: int = _CORRELATION_ID.unpack_from(frame, REQUEST_CORRELATION_OFFSET)[0]
+    correlation_id: int = CORRELATION_ID.unpack_from(frame, REQUEST_CORRELATION_OFFSET)[0]
     return correlation_id
 
 
 def response_correlation_id(frame: BytesLike) -> int:
     try:  # no length test first: every answer is read here
-        correlation_id: int = _CORRELATION_ID.unpack_from(frame, RESPONSE_CORRELATION_OFFSET)[0]
+        correlation_id: int = CORRELATION_ID.unpack_from(frame, RESPONSE_CORRELATION_OFFSET)[0]
     except struct.error:
         raise ProtocolError(f"response frame of {len(frame) - SIZE_PREFIX} bytes has no header") from None
     return correlation_id
@@ -203,11 +206,11 @@ def patch_request_correlation_id(frame: bytearray, correlation_id: int) -> None:
     # Checked first: pack_into can write part of an out-of-range value before it fails.
     if not _INT32_MIN <= correlation_id <= _INT32_MAX:
         raise OverflowError(f"correlation id {correlation_id} is not an int32")
-    _CORRELATION_ID.pack_into(frame, REQUEST_CORRELATION_OFFSET, correlation_id)
+    CORRELATION_ID.pack_into(frame, REQUEST_CORRELATION_OFFSET, correlation_id)
 
 
 def patch_response_correlation_id(frame: bytearray, correlation_id: int) -> None:
     """Rewrite a response frame's correlation id in place (OverflowError outside int32)."""
     if not _INT32_MIN <= correlation_id <= _INT32_MAX:
         raise OverflowError(f"correlation id {correlation_id} is not an int32")
-    _CORRELATION_ID.pack_into(frame, RESPONSE_CORRELATION_OFFSET, correlation_id)
+    CORRELATION_ID.pack_into(frame, RESPONSE_CORRELATION_OFFSET, correlation_id)

@@ -13,6 +13,7 @@ and carries out the returned :class:`Actions`.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -21,6 +22,9 @@ from typing import Literal
 from corrfix.core._events import Answered, Event, Forwarded, Repaired, RepairKind
 from corrfix.core._latency import RetransmitTimer
 from protocol import (
+    CORRELATION_ID,
+    REQUEST_CORRELATION_OFFSET,
+    RESPONSE_CORRELATION_OFFSET,
     SASL_KEYS,
     ApiKey,
     ProtocolError,
@@ -33,7 +37,6 @@ from protocol import (
     is_sasl_v0_handshake,
     mis_skips_tagged_fields,
     patch_request_correlation_id,
-    patch_response_correlation_id,
     produce_acks,
     produce_is_idempotent,
     response_correlation_id,
@@ -42,6 +45,9 @@ from protocol import (
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH, _API_VERSIONS = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.API_VERSIONS
+# The correlation id read and written where protocol's layout puts it, without the checked
+# functions' call (0.1 µs a frame): every id written here is an int32 already.
+_read_id, _write_id = CORRELATION_ID.unpack_from, CORRELATION_ID.pack_into
 
 MAX_CORRELATION_ID = 2**31 - 1
 PROBE_CLIENT_ID = b"corrfix-probe"
@@ -317,7 +323,7 @@ class RepairMachine:
                 self._next_upstream_id = upstream_id + 1
             else:
                 upstream_id = self._allocate_id()
-            patch_request_correlation_id(frame, upstream_id)
+            _write_id(frame, REQUEST_CORRELATION_OFFSET, upstream_id)  # an id of ours: an int32
             seq = self._seq = self._seq + 1
             if api_key == _PRODUCE and produce_acks(frame, header) == 0:
                 self._remember_acks0(upstream_id)
@@ -481,7 +487,10 @@ class RepairMachine:
 
     def _on_response(self, frame: bytearray, now: float, actions: Actions) -> _Request | None:
         """Match an answer to its send; returns the request if its latency may be sampled."""
-        upstream_id = response_correlation_id(frame)
+        try:
+            (upstream_id,) = _read_id(frame, RESPONSE_CORRELATION_OFFSET)
+        except struct.error:
+            upstream_id = response_correlation_id(frame)  # too short: it says so
         sent = self._sent
         entry = sent.pop(upstream_id, None)
         if entry is None:
@@ -540,7 +549,7 @@ class RepairMachine:
                 frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
         if self._compat_client is not None and api_key == _API_VERSIONS:
             frame = self._compat_answer(entry, frame, actions)
-        patch_response_correlation_id(frame, entry.client_correlation_id)
+        _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)  # read as an int32
         if entry is self._sasl_handshake:
             self._sasl_handshake = None
             self._sasl_v0.handshake_answered(frame)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from corrfix.core import _repair as repair
 from corrfix.lab import run_repair_case
+from protocol import RESPONSE_CORRELATION_OFFSET
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -53,7 +54,13 @@ def test_every_ending_is_reached():
 
 def test_the_harness_catches_an_answer_given_to_the_wrong_request(monkeypatch):
     """A machine that forgets to restore the client's id must fail the fuzzer: the checks bite."""
-    monkeypatch.setattr(repair, "patch_response_correlation_id", lambda frame, correlation_id: None)
+    write_id = repair._write_id
+
+    def write_request_ids_only(frame, offset, correlation_id):
+        if offset != RESPONSE_CORRELATION_OFFSET:
+            write_id(frame, offset, correlation_id)
+
+    monkeypatch.setattr(repair, "_write_id", write_request_ids_only)
     with pytest.raises(AssertionError):
         for seed in range(200):
             run_repair_case(random.Random(seed))
