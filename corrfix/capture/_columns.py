@@ -44,6 +44,7 @@ NULL = -(1 << 62)
 MAX_FRAME_BYTES = BINARY_MAX_BYTES
 """Frame bytes one swap may hold: they become one Arrow ``binary`` array."""
 _JOIN_BELOW = 64 * 1024
+"""A call's pieces holding more bytes than this in all are copied one by one."""
 _JOIN_PIECE = 2048
 """A call's pieces, when they hold up to ``_JOIN_BELOW`` bytes in all and fewer than
 ``_JOIN_PIECE`` on average, are joined and copied in one call: joining copies them once

@@ -132,6 +132,9 @@ class Recorder:
         # SHARED_MIN stored bytes or more.
         self._requests_in: dict[int, tuple[int, int, int, bytes]] = {}
         self._answers_in: dict[int, tuple[int, int]] = {}
+        # The frames sent in this call, and their ids once a frame big enough to share asks.
+        self._sent_lists: list[list[bytearray]] = []
+        self._sent_ids: set[int] | None = None
         self._next_error = 0.0
 
     # -- ConnectionObserver ------------------------------------------------------------
@@ -157,11 +160,11 @@ class Recorder:
         # The ids first: which client request went up under which id, re-sends and probes.
         forwarded: dict[int, list[int]] = {}
         sends = conn.sends
-        sent_on: set[int] = set()  # the frames sent in this call, by id
+        sent_lists: list[list[bytearray]] = []
         for event in events:
             kind = type(event)
             if kind is Sent:
-                sent_on.update(map(id, event.frames))
+                sent_lists.append(event.frames)
             elif kind is Forwarded:
                 client_cid, upstream_cid = event.client_correlation_id, event.upstream_correlation_id
                 ids = forwarded.get(client_cid)
@@ -172,15 +175,16 @@ class Recorder:
                 _remember(sends, upstream_cid, (client_cid, event.api_key, event.api_version))
             elif kind is RepairEvent:
                 self._follow(conn, event)
+        self._sent_lists, self._sent_ids = sent_lists, None
         for event in events:
             kind = type(event)
             if kind is Received:
                 if event.side == "client":
                     for head, frame in zip(event.heads, event.frames, strict=True):
-                        self._client_request(conn, head, frame, forwarded, sent_on, wall, mono)
+                        self._client_request(conn, head, frame, forwarded, wall, mono)
                 else:
                     for head, frame in zip(event.heads, event.frames, strict=True):
-                        self._upstream_response(conn, head, frame, sent_on, wall, mono)
+                        self._upstream_response(conn, head, frame, wall, mono)
             elif kind is Sent:
                 if event.side == "upstream":
                     for frame in event.frames:
@@ -194,6 +198,8 @@ class Recorder:
             self._requests_in.clear()
         if self._answers_in:
             self._answers_in.clear()
+        if sent_lists:  # the frames are not kept past the call
+            self._sent_lists, self._sent_ids = [], None
         if self._records:
             self._release(connection)
 
@@ -260,7 +266,6 @@ class Recorder:
         head: bytes,
         frame: bytearray,
         forwarded: dict[int, list[int]],
-        sent_on: set[int],
         wall: int,
         mono: int,
     ) -> None:
@@ -294,7 +299,7 @@ class Recorder:
         if (
             stored >= SHARED_MIN
             and upstream_cid != NULL
-            and id(frame) in sent_on
+            and self._was_sent(frame)
             and _head_is_enough(head, api_key)
         ):
             row = len(records) // RECORD_SIZE - 1
@@ -347,7 +352,7 @@ class Recorder:
                 self._extras.append((at, (None, None, None, None, None, None, seq)))
 
     def _upstream_response(
-        self, conn: _Connection, head: bytes, frame: bytearray, sent_on: set[int], wall: int, mono: int
+        self, conn: _Connection, head: bytes, frame: bytearray, wall: int, mono: int
     ) -> None:
         seq = conn.seq
         conn.seq = seq + 1
@@ -374,7 +379,7 @@ class Recorder:
         self._records += pack_row(
             seq, wall, mono, api_key, api_version, client_cid, upstream_cid, length, UPSTREAM_RESPONSE, stored
         )
-        if stored >= SHARED_MIN and upstream_cid != NULL and id(frame) in sent_on:
+        if stored >= SHARED_MIN and upstream_cid != NULL and self._was_sent(frame):
             self._answers_in[id(frame)] = (seq, stored)
 
     def _client_response(self, conn: _Connection, frame: bytearray, wall: int, mono: int) -> None:
@@ -417,6 +422,14 @@ class Recorder:
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _was_sent(self, frame: bytearray) -> bool:
+        """Whether this call also sends the frame on (the same object). The set of the call's
+        sent frames is made for the first frame big enough to share, not for every call."""
+        sent_ids = self._sent_ids
+        if sent_ids is None:
+            sent_ids = self._sent_ids = {id(sent) for frames in self._sent_lists for sent in frames}
+        return id(frame) in sent_ids
+
     def _received_bytes(self, head: bytes, frame: bytearray, limit: int) -> int:
         """Queue a received frame's first ``limit`` bytes: its head as it arrived, then, if the
         head is not all of them, the frame's own bytes after it. Returns how many."""
@@ -454,6 +467,7 @@ class Recorder:
         self._records, self._frames, self._extras = bytearray(), [], []
         self._requests_in.clear()
         self._answers_in.clear()
+        self._sent_lists, self._sent_ids = [], None
         if lost:
             self._columns.count_lost(lost)
         now = time.monotonic()

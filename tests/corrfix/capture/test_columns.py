@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +25,17 @@ SCHEMA = schema_for("t", Source.PROXY)
 
 # A drawn row: (shape, frame bytes or None for a row without a frame, where its bytes are
 # split in two pieces: 0 for one piece; the second piece may be empty, as a recorder's is).
-# Small frames are joined before their copy, frames of a few KiB copied piece by piece.
+# Calls of small pieces are joined before their copy, calls whose pieces average 2 KiB or more
+# are copied piece by piece (the parametrized test below has each case for certain); the big
+# frames are cut from a repeating pattern at a drawn start (random bytes that long make
+# drawing too slow for hypothesis's health check on a busy machine).
+_PATTERN = bytes(range(251)) * 25
+big_frames = st.tuples(st.integers(2048, 6000), st.integers(0, 250)).map(
+    lambda drawn: _PATTERN[drawn[1] : drawn[1] + drawn[0]]
+)
 rows_drawn = st.tuples(
     st.sampled_from([CLIENT_REQUEST, UPSTREAM_RESPONSE, REPAIR]),
-    st.one_of(st.none(), st.binary(min_size=0, max_size=300), st.binary(min_size=2048, max_size=6000)),
+    st.one_of(st.none(), st.binary(min_size=0, max_size=300), big_frames),
     st.integers(0, 320),
 )
 calls_drawn = st.lists(
@@ -84,6 +92,33 @@ def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls,
     assert got == [(c, s, SHAPES[shape][0].value, frame) for c, s, shape, frame in expected]
     assert [row["client_correlation_id"] for row in written] == [s for _, s, _, _ in expected]
     assert all(row["api_key"] is None for row in written)
+
+
+_LONG = _PATTERN * 12  # 75 KiB
+
+
+@pytest.mark.parametrize(
+    "pieces_per_row",
+    [
+        pytest.param([[_LONG[:1024], _LONG[1024:16384]]], id="16-KiB-head-and-rest"),
+        pytest.param([[_LONG[:3072]], [_LONG[5:3077]]], id="two-frames-of-3-KiB"),
+        pytest.param([[_LONG[:100], _LONG[100:5120]], [_LONG[9:2100], b""]], id="split-5-KiB"),
+        pytest.param([[_LONG[:40_000]], [_LONG[:100]], [_LONG[1:30_000]]], id="over-64-KiB"),
+        pytest.param([[_LONG[i : i + 40]] for i in range(0, 400, 40)], id="many-small"),
+    ],
+)
+def test_a_calls_pieces_are_queued_in_order_joined_or_one_by_one(pieces_per_row):
+    """Each way of copying a call's pieces (joined when small, one by one when they average a
+    few KiB) gives every row its own bytes."""
+    queue = RowColumns(max_rows=100, max_bytes=1 << 24)
+    records, pieces = bytearray(), []
+    for seq, row_pieces in enumerate(pieces_per_row):
+        stored = sum(map(len, row_pieces))
+        records += pack_row(seq, 0, 0, NULL, NULL, seq, NULL, stored, CLIENT_REQUEST, stored)
+        pieces += row_pieces
+    queue.extend("a", records, pieces, [])
+    written = record_batch(queue.take(), SCHEMA, "t", "proxy").to_pylist()
+    assert [row["frame"] for row in written] == [b"".join(row_pieces) for row_pieces in pieces_per_row]
 
 
 def test_a_closed_queue_takes_nothing_and_counts_everything():
