@@ -9,6 +9,11 @@ stalls only its own connection. Measured in the same run as haproxy and corrfix,
 what a relay costs in this interpreter on this machine before any Kafka work: corrfix's
 figure above it is its framing, its core and its engine's bookkeeping.
 
+A floor, not a proxy: it pauses a side at the first short write where corrfix keeps reading
+up to its send-buffer bound, it closes both sockets when either ends (no half-close, so a
+client that half-closes loses its answers), and it receives into a ``bytearray`` where
+corrfix uses an anonymous mapping. None of that moves the benchmark's figures.
+
     python bench/bare_relay.py --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT
 """
 
@@ -39,6 +44,8 @@ class _Side:
 
 
 class BareRelay:
+    """Every relayed pair, served by one thread; connections are adopted from another."""
+
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.epoll = select.epoll()
@@ -63,6 +70,7 @@ class BareRelay:
                 self.epoll.register(side.fd, side.mask)
 
     def serve_forever(self) -> None:
+        """The loop thread: each ready socket's backlog written, then its bytes read and passed on."""
         buffers, view, size = [self.buffer], self.view, len(self.buffer)
         while True:
             ready = self.epoll.poll(-1, 1024)
@@ -98,6 +106,9 @@ class BareRelay:
 
     def _send(self, side: _Side, data: memoryview) -> bool:
         """Write to ``side``; keep what did not fit and pause its peer. Whether all went."""
+        if side.backlog:  # defensive: the peer is paused while it is, so is not read
+            side.backlog += bytes(data)
+            return False
         try:
             sent = os.write(side.fd, data)
         except BlockingIOError:
@@ -108,10 +119,7 @@ class BareRelay:
         if sent == len(data):
             return True
         side.backlog = bytes(data[sent:])
-        peer = side.peer
-        assert peer is not None
-        self._watch(side, select.EPOLLIN | select.EPOLLOUT)
-        self._watch(peer, peer.mask & ~select.EPOLLIN)
+        self._watch_pair(side)
         return False
 
     def _flush(self, side: _Side) -> bool:
@@ -125,18 +133,22 @@ class BareRelay:
             return False
         side.backlog = side.backlog[sent:]
         if not side.backlog:
-            peer = side.peer
-            assert peer is not None
-            self._watch(side, select.EPOLLIN)
-            self._watch(peer, peer.mask | select.EPOLLIN)
+            self._watch_pair(side)
         return True
 
-    def _watch(self, side: _Side, mask: int) -> None:
-        if mask != side.mask and side.fd in self.sides:
-            side.mask = mask
-            self.epoll.modify(side.fd, mask)
+    def _watch_pair(self, side: _Side) -> None:
+        """What epoll watches on both sockets of a pair, from both backlogs: a socket is read
+        while its peer owes nothing, and written on EPOLLOUT while it owes something."""
+        peer = side.peer
+        assert peer is not None
+        for each, other in ((side, peer), (peer, side)):
+            mask = (0 if other.backlog else select.EPOLLIN) | (select.EPOLLOUT if each.backlog else 0)
+            if mask != each.mask and each.fd in self.sides:
+                each.mask = mask
+                self.epoll.modify(each.fd, mask)
 
     def _close(self, side: _Side) -> None:
+        """Close both sockets of the pair (no half-close: this is a floor, not a proxy)."""
         for each in (side, side.peer):
             if each is not None and self.sides.pop(each.fd, None) is not None:
                 self.epoll.unregister(each.fd)
