@@ -8,10 +8,11 @@ and nothing depends on the order in which a shell reports. A received frame's ro
 head, copied by the core before the machine patched it, and the frame's own bytes after
 the head; a frame sent on in the same call is the same object, so it is known to be
 unchanged after its head without comparing bytes. The bytes are copied once, by the
-columns, before the call returns (the machine patches frames in place later). SASL v0 tokens, which
-have no header, are recognised by protocol's SASL v0 rule (:mod:`._sasl_v0`); neither they
-nor SaslAuthenticate bodies are stored (credentials). Sans-IO: rows go column by column to
-:class:`~corrfix.capture._columns.RowColumns`, clocks are injected.
+columns, before the call returns (the machine patches frames in place later). SASL v0
+tokens, which have no header, are recognised by protocol's SASL v0 rule
+(:mod:`._sasl_v0`); neither they nor SaslAuthenticate bodies are stored (credentials).
+Sans-IO: rows go column by column to :class:`~corrfix.capture._columns.RowColumns`, clocks
+are injected.
 """
 
 from __future__ import annotations

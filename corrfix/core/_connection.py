@@ -36,7 +36,7 @@ so that closing the socket sends a FIN, not a RST that could destroy answers in 
 
 
 def _received(side: PeerSide, frames: list[bytearray]) -> Received:
-    # A frame within the head is copied whole: 80 against 200 ns without the memoryview.
+    # A frame no longer than the head is copied whole, without a memoryview: 80 against 200 ns.
     heads = [bytes(f) if len(f) <= HEADER_COPY else bytes(memoryview(f)[:HEADER_COPY]) for f in frames]
     return Received(side, heads, frames)
 
