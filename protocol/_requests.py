@@ -37,17 +37,20 @@ _NULL_LENGTH = -1
 
 
 def produce_acks(frame: BytesLike, header: RequestHeader) -> int:
-    """The acks field of a Produce request, read without decoding the body.
+    """The acks field of a Produce request, read without decoding the body."""
+    return produce_acks_at(frame, header.api_version, header.body_offset)
+
+
+def produce_acks_at(frame: BytesLike, version: int, pos: int | None) -> int:
+    """:func:`produce_acks` from the header's version and body offset (the relay's fields).
 
     From v3 the body starts with transactional_id: a nullable int16-length string up to
     v8, a compact nullable string (varint length + 1) from v9. A producer outside a
     transaction sends it null (length -1), so v3 to v8 first try one unpack of that length
     and acks together.
     """
-    pos = header.body_offset
     if pos is None:
         raise ProtocolError("Produce request body cannot be located")
-    version = header.api_version
     if PRODUCE_FIRST_TRANSACTIONAL_ID <= version < PRODUCE_FIRST_FLEXIBLE:
         try:
             length, acks = _LENGTH_AND_ACKS.unpack_from(frame, pos)

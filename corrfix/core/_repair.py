@@ -36,8 +36,9 @@ from protocol import (
     fetch_max_wait_ms,
     is_sasl_v0_handshake,
     mis_skips_tagged_fields,
+    parse_request_header,
     patch_request_correlation_id,
-    produce_acks,
+    produce_acks_at,
     produce_is_idempotent,
     response_correlation_id,
     strip_tagged_fields,
@@ -141,10 +142,10 @@ class _Request:
         "api_key",
         "api_version",
         "attempts",
+        "body_offset",
         "client_correlation_id",
         "first_sent",
         "frame",
-        "header",
         "hold",
         "response",
         "sent_at",
@@ -153,21 +154,34 @@ class _Request:
     )
 
     def __init__(
-        self, frame: bytearray, header: RequestHeader, now: float, upstream_id: int = 0, seq: int = 0
+        self,
+        frame: bytearray,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        body_offset: int | None,
+        now: float,
+        upstream_id: int = 0,
+        seq: int = 0,
     ) -> None:
         self.frame = frame
-        self.header = header
-        self.api_key = header.api_key
-        self.api_version = header.api_version
-        self.client_correlation_id = header.correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.client_correlation_id = correlation_id
+        self.body_offset = body_offset
         self.first_sent = now
         self.sent_at = now
         self.attempts = 1
         self.response: bytearray | None = None
         # Only a Fetch may be held by the broker (a long poll): its hold is read when needed.
-        self.hold: float | None = None if header.api_key == _FETCH else 0.0
+        self.hold: float | None = None if api_key == _FETCH else 0.0
         self.seq = seq
         self.upstream_id = upstream_id
+
+    def header(self) -> RequestHeader:
+        """The frame's header, parsed again for the rare reads of its body (idempotency, a
+        Fetch's hold). Its correlation id is the frame's as it is now: the upstream id."""
+        return parse_request_header(self.frame)
 
 
 class _Probe:
@@ -283,14 +297,12 @@ class RepairMachine:
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, or None while idle."""
-        if self.closed is not None:
-            return None
+        client_order = self._client_order
+        if not client_order or self.closed is not None:
+            return None  # nothing owed to the client: nothing to probe for or give up on
         due = self._probe_due()
-        if self._client_order:
-            give_up = self._client_order[0].first_sent + self.config.request_deadline
-            if due is None or give_up < due:
-                due = give_up
-        return due
+        give_up = client_order[0].first_sent + self.config.request_deadline
+        return give_up if due is None or give_up < due else due
 
     # -- events ------------------------------------------------------------------------
 
@@ -304,17 +316,16 @@ class RepairMachine:
         sasl_v0 = self._sasl_v0
         sent, send_order, client_order = self._sent, self._send_order, self._client_order
         local_answer, flow_events = self._local_answer, self._flow_events
-        parse_header = self._headers.parse
+        read_fields = self._headers.fields
         for frame in frames:
             if sasl_v0.active and sasl_v0.request_is_token():
                 to_upstream.append(frame)
                 continue
-            header = parse_header(frame)
-            api_key = header.api_key
+            api_key, api_version, client_cid, body_offset = read_fields(frame)
             if api_key in PREAMBLE_KEYS:
                 if api_key == _API_VERSIONS and self.config.client_compat:
-                    self._identify_client(frame, header)
-                if local_answer is not None and self._answer_locally(frame, header, now):
+                    self._identify_client(frame)
+                if local_answer is not None and self._answer_locally(frame, now):
                     continue
             elif self._preamble:
                 self._preamble = False
@@ -325,22 +336,22 @@ class RepairMachine:
                 upstream_id = self._allocate_id()
             _write_id(frame, REQUEST_CORRELATION_OFFSET, upstream_id)  # an id of ours: an int32
             seq = self._seq = self._seq + 1
-            if api_key == _PRODUCE and produce_acks(frame, header) == 0:
+            if api_key == _PRODUCE and produce_acks_at(frame, api_version, body_offset) == 0:
                 self._remember_acks0(upstream_id)
             else:
-                request = _Request(frame, header, now, upstream_id, seq)
+                request = _Request(
+                    frame, api_key, api_version, client_cid, body_offset, now, upstream_id, seq
+                )
                 if api_key in SASL_KEYS:
                     self._sasl_pending += 1
-                    if is_sasl_v0_handshake(api_key, header.api_version):
+                    if is_sasl_v0_handshake(api_key, api_version):
                         self._sasl_handshake = request
                         sasl_v0.handshake_sent(frame)
                 sent[upstream_id] = request
                 send_order.append(request)
                 client_order.append(request)
             if flow_events:
-                actions.events.append(
-                    Forwarded(header.correlation_id, upstream_id, api_key, header.api_version)
-                )
+                actions.events.append(Forwarded(client_cid, upstream_id, api_key, api_version))
             to_upstream.append(frame)
         if client_order and client_order[0].response is not None:
             self._deliver_ready(actions)
@@ -351,16 +362,42 @@ class RepairMachine:
         actions = Actions()
         sasl_v0 = self._sasl_v0
         timed: dict[int, _Request] = {}  # the first answer of each api key in the batch
+        sent, order, client_order = self._sent, self._send_order, self._client_order
+        to_client, transform = actions.to_client, self._transform
+        plain = self._plain_answers()
         for frame in frames:
             if self.closed is not None:
                 break
-            if sasl_v0.tokens_owed and sasl_v0.answer_is_token():
+            if plain:
+                # The usual answer, inline: to the oldest send, which is the oldest request
+                # owed to the client (so a request, not a probe), nothing to hold, no event.
+                # Anything else takes _on_response, which does the same in this case.
+                try:
+                    (upstream_id,) = _read_id(frame, RESPONSE_CORRELATION_OFFSET)
+                except struct.error:
+                    upstream_id = -1  # too short: _on_response says so
+                entry = sent.get(upstream_id)
+                if entry is not None and client_order and entry is client_order[0] and entry is order[0]:
+                    del sent[upstream_id], order[0], client_order[0]
+                    self._probe_backoff = 0
+                    api_key = entry.api_key
+                    if transform is not None:
+                        rewritten = transform(api_key, entry.api_version, frame)
+                        if rewritten is not frame:
+                            frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+                    _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)
+                    to_client.append(frame)
+                    if entry.attempts == 1 and api_key not in timed:
+                        timed[api_key] = entry
+                    continue
+            elif sasl_v0.tokens_owed and sasl_v0.answer_is_token():
                 self._deliver_ready(actions)  # answers read before the token go first
-                actions.to_client.append(frame)
+                to_client.append(frame)
                 continue
             answered = self._on_response(frame, now, actions)
             if answered is not None and answered.api_key not in timed:
                 timed[answered.api_key] = answered
+            plain = self._plain_answers()
         for request in timed.values():
             self._sample_latency(request, now)
         client_order = self._client_order
@@ -413,10 +450,10 @@ class RepairMachine:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _identify_client(self, frame: bytearray, header: RequestHeader) -> None:
+    def _identify_client(self, frame: bytearray) -> None:
         """Remember a client that misreads tagged fields, from its ApiVersions v3+ request."""
         try:
-            software = client_software(frame, header)
+            software = client_software(frame, parse_request_header(frame))
         except ProtocolError:
             return  # the broker judges the request; compatibility is best effort
         if software is not None and mis_skips_tagged_fields(software):
@@ -444,13 +481,16 @@ class RepairMachine:
         )
         return bytearray(answer)
 
-    def _answer_locally(self, frame: bytearray, header: RequestHeader, now: float) -> bool:
+    def _answer_locally(self, frame: bytearray, now: float) -> bool:
         """Queue the proxy's own answer in the client's order, if it has one for this request."""
         assert self._local_answer is not None
+        header = parse_request_header(frame)  # a preamble request: the whole header, client id too
         answer = self._local_answer(header)
         if answer is None:
             return False
-        request = _Request(frame, header, now)
+        request = _Request(
+            frame, header.api_key, header.api_version, header.correlation_id, header.body_offset, now
+        )
         request.response = bytearray(answer)
         self._held_bytes += len(answer)
         self._client_order.append(request)
@@ -484,6 +524,18 @@ class RepairMachine:
             if acks0[oldest] >= seq:
                 return
             del acks0[oldest]
+
+    def _plain_answers(self) -> bool:
+        """Whether answers need nothing but matching, for now: no SASL exchange or token
+        owed, no acks=0 reply possible, no per-answer event, no client to compensate."""
+        return not (
+            self._sasl_pending
+            or self._sasl_handshake is not None
+            or self._sasl_v0.tokens_owed
+            or self._acks0
+            or self._answer_events
+            or self._compat_client is not None
+        )
 
     def _on_response(self, frame: bytearray, now: float, actions: Actions) -> _Request | None:
         """Match an answer to its send; returns the request if its latency may be sampled."""
@@ -603,7 +655,7 @@ class RepairMachine:
             self._give_up(request, actions, f"answer lost {request.attempts} times")
             return
         possible_duplicate = False
-        if request.api_key == _PRODUCE and not produce_is_idempotent(request.frame, request.header):
+        if request.api_key == _PRODUCE and not produce_is_idempotent(request.frame, request.header()):
             if self.config.produce_policy == "disconnect":
                 self._give_up(request, actions, "lost answer to a non-idempotent Produce")
                 return
@@ -682,7 +734,7 @@ class RepairMachine:
         if request.hold is None:
             hold = 0.0
             if request.api_key == _FETCH:
-                hold = fetch_max_wait_ms(request.frame, request.header) / 1000.0
+                hold = fetch_max_wait_ms(request.frame, request.header()) / 1000.0
             request.hold = hold
         return request.hold
 
@@ -749,7 +801,7 @@ class RepairMachine:
         appended them (their answer may even be held here, behind an older one): a
         non-idempotent Produce can then be stored twice."""
         for sent in self._client_order:
-            if sent.api_key == _PRODUCE and not produce_is_idempotent(sent.frame, sent.header):
+            if sent.api_key == _PRODUCE and not produce_is_idempotent(sent.frame, sent.header()):
                 actions.events.append(
                     Repaired(
                         RepairKind.POSSIBLE_DUPLICATE,

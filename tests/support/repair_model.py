@@ -39,9 +39,12 @@ class Harness:
     config: RepairConfig
     fates: deque[str] = field(default_factory=deque)
     now: float = 0.0
+    flow_events: bool = True
+    """False: the machine as a proxy without capture or metrics runs it, with no event per
+    request, where its answers take the inline path."""
 
     def __post_init__(self) -> None:
-        self.machine = RepairMachine(self.config)
+        self.machine = RepairMachine(self.config, flow_events=self.flow_events)
         self.broker_inbox: deque[bytes] = deque()
         self.network: list[bytearray] = []  # answers on their way to the proxy, in order
         self.delayed: list[bytearray] = []  # answers that will be overtaken

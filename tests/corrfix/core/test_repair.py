@@ -58,9 +58,9 @@ def run_interleaved(harness: Harness, requests: list[ClientRequest], data: st.Da
 
 
 @settings(max_examples=400, deadline=None)
-@given(requests=client_requests, script=fates, data=st.data())
-def test_client_sees_only_its_own_answers_in_order(requests, script, data):
-    harness = Harness(CONFIG, fates=deque(script))
+@given(requests=client_requests, script=fates, flow_events=st.booleans(), data=st.data())
+def test_client_sees_only_its_own_answers_in_order(requests, script, flow_events, data):
+    harness = Harness(CONFIG, fates=deque(script), flow_events=flow_events)
     run_interleaved(harness, requests, data)
     expected = harness.expected_answers()
     assert harness.delivered == expected[: len(harness.delivered)]
@@ -73,9 +73,9 @@ def test_client_sees_only_its_own_answers_in_order(requests, script, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(requests=client_requests, data=st.data())
-def test_no_faults_means_no_repairs(requests, data):
-    harness = Harness(CONFIG)
+@given(requests=client_requests, flow_events=st.booleans(), data=st.data())
+def test_no_faults_means_no_repairs(requests, flow_events, data):
+    harness = Harness(CONFIG, flow_events=flow_events)
     run_interleaved(harness, requests, data)
     assert harness.closed is None
     assert harness.delivered == harness.expected_answers()
@@ -86,10 +86,11 @@ def test_no_faults_means_no_repairs(requests, data):
 @given(
     requests=client_requests,
     script=st.lists(st.sampled_from([NORMAL, LOSE, DUPLICATE, DELAY, STRAY]), max_size=CONFIG.max_requeues),
+    flow_events=st.booleans(),
     data=st.data(),
 )
-def test_a_few_faults_are_always_repaired(requests, script, data):
-    harness = Harness(CONFIG, fates=deque(script))
+def test_a_few_faults_are_always_repaired(requests, script, flow_events, data):
+    harness = Harness(CONFIG, fates=deque(script), flow_events=flow_events)
     run_interleaved(harness, requests, data)
     assert harness.closed is None
     assert harness.delivered == harness.expected_answers()
