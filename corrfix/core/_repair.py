@@ -378,7 +378,8 @@ class RepairMachine:
                     upstream_id = -1  # too short: _on_response says so
                 entry = sent.get(upstream_id)
                 if entry is not None and client_order and entry is client_order[0] and entry is order[0]:
-                    del sent[upstream_id], order[0], client_order[0]
+                    # In _on_response's order, so that a transform that raises leaves the same state.
+                    del sent[upstream_id], order[0]
                     self._probe_backoff = 0
                     api_key = entry.api_key
                     if transform is not None:
@@ -386,6 +387,7 @@ class RepairMachine:
                         if rewritten is not frame:
                             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
                     _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)
+                    del client_order[0]
                     to_client.append(frame)
                     if entry.attempts == 1 and api_key not in timed:
                         timed[api_key] = entry

@@ -50,8 +50,9 @@ class FuzzHarness:
         self.rnd = rnd
         # How often the client sends a damaged frame (and the broker a truncated one, a quarter as often).
         self.hostility = rnd.choice([0.0, 0.03, 0.1, 0.3])
-        # Half the runs as a proxy without capture or metrics runs it: no event per request.
-        self.machine = RepairMachine(config, flow_events=rnd.random() < 0.5)
+        # The proxy's settings: flow events with capture, answer events with metrics (without
+        # them, in-order answers are taken inline).
+        self.machine = RepairMachine(config, flow_events=rnd.random() < 0.5, answer_events=rnd.random() < 0.5)
         if rnd.random() < 0.2:  # exercise the wrap of upstream ids at 2^31
             self.machine._next_upstream_id = MAX_CORRELATION_ID - rnd.randint(0, 3)
         self.now = 0.0

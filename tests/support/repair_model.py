@@ -9,6 +9,7 @@ token, so the client side can check that it got its own answer and nothing else.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corrfix.core import RepairConfig, RepairKind, RepairMachine
@@ -34,17 +35,34 @@ class ClientRequest:
         return not (self.api_key == ApiKey.PRODUCE and self.acks == 0)
 
 
+_TRANSFORMS: dict[str, Callable[[int, int, bytearray], bytes | bytearray] | None] = {
+    "none": None,
+    "same": lambda api_key, api_version, frame: frame,
+    "bytearray": lambda api_key, api_version, frame: bytearray(frame),
+    "bytes": lambda api_key, api_version, frame: bytes(frame),
+}
+TRANSFORMS = tuple(_TRANSFORMS)
+
+
 @dataclass
 class Harness:
     config: RepairConfig
     fates: deque[str] = field(default_factory=deque)
     now: float = 0.0
     flow_events: bool = True
-    """False: the machine as a proxy without capture or metrics runs it, with no event per
-    request, where its answers take the inline path."""
+    answer_events: bool | None = None
+    """The proxy's settings: flow events with capture, answer events with metrics. Without
+    answer events the machine delivers in-order answers inline, without _on_response."""
+    transform: str = "none"
+    """The answer transform: none, one that returns the frame, or a copy (bytearray, bytes)."""
 
     def __post_init__(self) -> None:
-        self.machine = RepairMachine(self.config, flow_events=self.flow_events)
+        self.machine = RepairMachine(
+            self.config,
+            transform=_TRANSFORMS[self.transform],
+            flow_events=self.flow_events,
+            answer_events=self.answer_events,
+        )
         self.broker_inbox: deque[bytes] = deque()
         self.network: list[bytearray] = []  # answers on their way to the proxy, in order
         self.delayed: list[bytearray] = []  # answers that will be overtaken

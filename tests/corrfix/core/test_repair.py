@@ -11,10 +11,19 @@ from hypothesis import strategies as st
 from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 from corrfix.core import MAX_CORRELATION_ID, RepairConfig, RepairKind, RepairMachine
-from protocol import ApiKey
+from protocol import ApiKey, ProtocolError
 from protocol.testing import encode_request, encode_response, request_frame, response_frame
 from tests.support.produce_frames import produce_frame, record_batch
-from tests.support.repair_model import DELAY, DUPLICATE, LOSE, NORMAL, STRAY, ClientRequest, Harness
+from tests.support.repair_model import (
+    DELAY,
+    DUPLICATE,
+    LOSE,
+    NORMAL,
+    STRAY,
+    TRANSFORMS,
+    ClientRequest,
+    Harness,
+)
 
 CONFIG = RepairConfig(probe_after=1.0, probe_min=0.02, max_requeues=3, request_deadline=60.0)
 
@@ -30,6 +39,15 @@ client_requests = st.lists(
     max_size=25,
 )
 fates = st.lists(st.sampled_from([NORMAL, NORMAL, LOSE, DUPLICATE, DELAY, STRAY]), max_size=40)
+# How the proxy runs the machine: flow events with capture, answer events with metrics, and
+# the router's answer transform. Without answer events, in-order answers are taken inline.
+settings_of_the_proxy = st.fixed_dictionaries(
+    {
+        "flow_events": st.booleans(),
+        "answer_events": st.booleans(),
+        "transform": st.sampled_from(TRANSFORMS),
+    }
+)
 
 
 def run_interleaved(harness: Harness, requests: list[ClientRequest], data: st.DataObject) -> None:
@@ -58,9 +76,9 @@ def run_interleaved(harness: Harness, requests: list[ClientRequest], data: st.Da
 
 
 @settings(max_examples=400, deadline=None)
-@given(requests=client_requests, script=fates, flow_events=st.booleans(), data=st.data())
-def test_client_sees_only_its_own_answers_in_order(requests, script, flow_events, data):
-    harness = Harness(CONFIG, fates=deque(script), flow_events=flow_events)
+@given(requests=client_requests, script=fates, proxy=settings_of_the_proxy, data=st.data())
+def test_client_sees_only_its_own_answers_in_order(requests, script, proxy, data):
+    harness = Harness(CONFIG, fates=deque(script), **proxy)
     run_interleaved(harness, requests, data)
     expected = harness.expected_answers()
     assert harness.delivered == expected[: len(harness.delivered)]
@@ -73,9 +91,9 @@ def test_client_sees_only_its_own_answers_in_order(requests, script, flow_events
 
 
 @settings(max_examples=200, deadline=None)
-@given(requests=client_requests, flow_events=st.booleans(), data=st.data())
-def test_no_faults_means_no_repairs(requests, flow_events, data):
-    harness = Harness(CONFIG, flow_events=flow_events)
+@given(requests=client_requests, proxy=settings_of_the_proxy, data=st.data())
+def test_no_faults_means_no_repairs(requests, proxy, data):
+    harness = Harness(CONFIG, **proxy)
     run_interleaved(harness, requests, data)
     assert harness.closed is None
     assert harness.delivered == harness.expected_answers()
@@ -86,11 +104,11 @@ def test_no_faults_means_no_repairs(requests, flow_events, data):
 @given(
     requests=client_requests,
     script=st.lists(st.sampled_from([NORMAL, LOSE, DUPLICATE, DELAY, STRAY]), max_size=CONFIG.max_requeues),
-    flow_events=st.booleans(),
+    proxy=settings_of_the_proxy,
     data=st.data(),
 )
-def test_a_few_faults_are_always_repaired(requests, script, flow_events, data):
-    harness = Harness(CONFIG, fates=deque(script), flow_events=flow_events)
+def test_a_few_faults_are_always_repaired(requests, script, proxy, data):
+    harness = Harness(CONFIG, fates=deque(script), **proxy)
     run_interleaved(harness, requests, data)
     assert harness.closed is None
     assert harness.delivered == harness.expected_answers()
@@ -104,6 +122,38 @@ def test_ids_are_owned_upstream_and_restored_for_the_client():
     assert [int.from_bytes(f[8:12], "big") for f in actions.to_upstream] == [0, 1]
     delivered = machine.upstream_frames([response_frame(0, 1), response_frame(1, 2)], 0.01).to_client
     assert [int.from_bytes(f[4:8], "big", signed=True) for f in delivered] == [500, -7]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["alone", "with an answer held behind it"])
+def test_a_transform_that_raises_leaves_the_state_the_general_path_leaves(held):
+    """An answer the transform rejects (a malformed Metadata answer, too many brokers): the
+    inline path (no answer events) must leave what _on_response leaves, which the close
+    that follows reports: the request still owed, its answer never delivered."""
+
+    def reject(api_key: int, api_version: int, frame: bytearray) -> bytearray:
+        if frame[8:16] == (1).to_bytes(8, "big"):
+            raise ProtocolError("malformed Metadata answer")
+        return frame
+
+    outcomes = []
+    for answer_events in (False, True):  # the inline path, then _on_response's
+        machine = RepairMachine(CONFIG, transform=reject, flow_events=False, answer_events=answer_events)
+        machine.client_frames(
+            [request_frame(ApiKey.METADATA, 70, 1), request_frame(ApiKey.PRODUCE, 71, 2)], 0.0
+        )
+        answers = [response_frame(0, 1)]
+        if held:  # the second answer overtook the first, which was lost: its re-send is owed first
+            machine.upstream_frames([response_frame(1, 2)], 0.01)
+            answers = [response_frame(2, 1)]
+        with pytest.raises(ProtocolError):
+            machine.upstream_frames(answers, 0.02)
+        owed = machine.outstanding
+        closing = machine.upstream_closed()
+        outcomes.append((owed, closing.close, closing.to_client, [e.kind for e in closing.events]))
+    assert outcomes[0] == outcomes[1]
+    owed, close, delivered, events = outcomes[0]
+    assert owed == 2 and "2 requests unanswered" in close and delivered == []
+    assert events == [RepairKind.POSSIBLE_DUPLICATE]  # the Produce, whether or not an answer was held
 
 
 def test_skip_ahead_requeues_the_skipped_request_and_holds_the_later_answer():
