@@ -115,11 +115,11 @@ def parse_request_header(frame: BytesLike) -> RequestHeader:
     return _new_header(RequestHeader, (api_key, api_version, correlation_id, client_id, pos))
 
 
-_HeaderShape = tuple[int, bytes, int, int, str | None, int]
+_HeaderShape = tuple[int, bytes, int, int, int]
 """What repeats between a connection's requests: api key and version as one int, the header
-bytes after the correlation id (client id and tagged fields), then api key, api version,
-client id and body offset."""
-_NO_SHAPE: _HeaderShape = (2**32, b"", 0, 0, None, 0)
+bytes after the correlation id (client id and tagged fields), then api key, api version and
+body offset."""
+_NO_SHAPE: _HeaderShape = (2**32, b"", 0, 0, 0)
 """Matches no frame: api key and version read as one int32 are never 2**32."""
 
 
@@ -149,7 +149,7 @@ class RequestHeaderReader:
         except struct.error:
             header = parse_request_header(frame)  # too short: it says what is missing
             return header.api_key, header.api_version, header.correlation_id, header.body_offset
-        shape_key, tail, api_key, api_version, _, offset = self._shape
+        shape_key, tail, api_key, api_version, offset = self._shape
         if key == shape_key and frame.startswith(tail, _AFTER_CORRELATION_ID):
             return api_key, api_version, correlation_id, offset
         header = self._learn(frame, key)
@@ -161,7 +161,7 @@ class RequestHeaderReader:
         end = header.body_offset
         if end is not None and end - _AFTER_CORRELATION_ID <= _MAX_SHAPE_TAIL:
             tail = bytes(frame[_AFTER_CORRELATION_ID:end])
-            shape = (key, tail, header.api_key, header.api_version, header.client_id, end)
+            shape = (key, tail, header.api_key, header.api_version, end)
             if len(_SHARED_SHAPES) >= _MAX_SHARED_SHAPES:  # peers choose the shapes: bounded
                 _SHARED_SHAPES.clear()  # connections keep theirs; sharing starts over
             self._shape = _SHARED_SHAPES.setdefault(shape, shape)
@@ -171,13 +171,13 @@ class RequestHeaderReader:
 _AFTER_CORRELATION_ID = REQUEST_CORRELATION_OFFSET + 4
 _SHARED_SHAPES: dict[_HeaderShape, _HeaderShape] = {}
 """Every connection's shapes, each kept once: connections of one client software share
-their client id, and an idle connection then holds a reference, not its own copies."""
+their header tail, and an idle connection then holds a reference, not its own copy."""
 _MAX_SHARED_SHAPES = 1024
 _MAX_SHAPE_TAIL = 256
 """Longest header tail (client id and tagged fields) remembered: a client id can be 32 KiB,
 and a peer that sends such ids must not make every connection, or the shared table, hold
 copies of them. Such headers are parsed every time; the table then holds at most 1,024
-shapes of a few hundred bytes each (the tail, and the client id decoded)."""
+shapes of a few hundred bytes each."""
 
 
 def _parse_short_request_header(frame: BytesLike) -> RequestHeader:
