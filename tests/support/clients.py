@@ -306,9 +306,7 @@ class Kcat:
             "fetch.wait.max.ms": 100,  # Tansu's long poll does not wake early when data arrives
         }
         # -G: a balanced consumer (auto-commit, final commit at close); -e ends it at the end
-        # of every assigned partition, once all n stored values are read. Not -c n: stopping
-        # at the n-th value could end it before an empty partition's end was reached, whose
-        # offset 0 then was never committed (seen once in CI).
+        # of every assigned partition, once all n stored values are read.
         run = self._run(bootstrap, ["-G", group, "-e", "-f", "%s\\n", topic], config)
         values = run.stdout.splitlines()
         return Consumed(values, _kcat_errors(run), run.elapsed)

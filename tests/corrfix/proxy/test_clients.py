@@ -158,7 +158,13 @@ async def test_client_produces_and_reads_in_a_group_through_corrfix(
     # The group member read every stored record once, committed all, and saw no error.
     assert consumed.errors == [], detail
     assert Counter(consumed.values) == Counter(stored.values), detail
-    assert committed == stored.high, f"the group did not commit what it read; {detail}"
+    # librdkafka (confluent-kafka, kcat) has no position on a partition it read nothing from,
+    # so when the producer put every record in one partition it commits nothing for the
+    # empty one: the group then has no offset there, which is what it read.
+    read_to = {
+        p: 0 if offset is None and stored.high.get(p) == 0 else offset for p, offset in committed.items()
+    }
+    assert read_to == stored.high, f"the group did not commit what it read; {detail}"
 
     missing = [api for api in THROUGH_CORRFIX if not stack.requests(api)]
     assert missing == [], f"no {missing} through corrfix: the client bypassed it; {detail}"
