@@ -33,7 +33,7 @@ from corrfix.proxy._readiness import (
     run_readiness_checks,
 )
 from corrfix.proxy._server import Proxy
-from corrfix.proxy._systemd import READY, STOPPING, notify, reloading
+from corrfix.proxy._systemd import READY, STOPPING, endpoint, notify, reloading
 
 log = structlog.get_logger("corrfix.service")
 
@@ -153,7 +153,8 @@ def open_admin(
     admin_address: Address | None,
     capture: CaptureStats | None = None,
 ) -> list[AdminServer]:
-    """Serve ``/metrics`` (with the health metrics) and the health endpoints where asked."""
+    """Serve ``/metrics`` (with the health metrics) and the health endpoints where asked, and
+    tell ``$NOTIFY_SOCKET`` where (the first of them: ``/metrics`` when both are asked)."""
     servers = []
     if metrics is not None and metrics_address is not None:
 
@@ -172,4 +173,7 @@ def open_admin(
         servers.append(AdminServer(metrics_address, AdminApp(service.live, service.ready, metrics.registry)))
     if admin_address is not None:
         servers.append(AdminServer(admin_address, AdminApp(service.live, service.ready)))
+    if servers:
+        # How a worker's supervisor learns the port the kernel gave it (it asks for port 0).
+        notify(endpoint(servers[0].address))
     return servers

@@ -3,8 +3,11 @@
 The protocol is one datagram of ``KEY=VALUE`` lines to the unix socket named by
 ``$NOTIFY_SOCKET`` (a leading ``@`` is Linux's abstract namespace). corrfix sends
 ``READY=1`` once its listeners are up, ``STOPPING=1`` when it starts draining, and
-``RELOADING=1`` then ``READY=1`` around a SIGHUP re-opening its files. Without the
-variable nothing is sent; a failing send is logged and never stops the proxy.
+``RELOADING=1`` then ``READY=1`` around a SIGHUP re-opening its files, and
+``X_CORRFIX_ENDPOINT=HOST:PORT`` once its health (or metrics) listener is bound, which is how
+a worker tells its supervisor the port it was given by the kernel (systemd ignores variables
+that start with ``X_``). Without the variable nothing is sent; a failing send is logged and
+never stops the proxy.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ log = structlog.get_logger("corrfix.systemd")
 NOTIFY_SOCKET = "NOTIFY_SOCKET"
 READY = "READY=1"
 STOPPING = "STOPPING=1"
+ENDPOINT = "X_CORRFIX_ENDPOINT"
+"""Where a process serves ``/livez`` and ``/readyz`` (and ``/metrics`` if asked)."""
 MAX_MESSAGE = 4096
 _UCRED = struct.Struct("3i")
 """struct ucred: the sender's pid, uid and gid."""
@@ -33,6 +38,11 @@ _UCRED = struct.Struct("3i")
 def reloading() -> str:
     """``RELOADING=1`` with the monotonic time systemd wants alongside it (``Type=notify-reload``)."""
     return f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
+
+
+def endpoint(address: object) -> str:
+    """The message that says where this process's health listener is bound."""
+    return f"{ENDPOINT}={address}"
 
 
 def socket_address(path: str) -> str:

@@ -6,6 +6,8 @@ SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker
 on its own, and serves one ``/metrics`` that sums every worker's samples (counters, gauges
 and histogram buckets all add up across processes; ``_created`` times take the earliest).
 Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
+Each worker binds its own endpoint to a port the kernel picks and says which in an
+sd_notify message (a port chosen for it beforehand could be taken by the time it binds).
 The workers' sd_notify messages come to the supervisor, which tells systemd ``READY=1``
 once every worker listens.
 """
@@ -29,30 +31,37 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from corrfix._netutil import free_port
 from corrfix.core import Address
 from corrfix.proxy._admin import LIVEZ, READYZ, AdminApp, AdminServer
 from corrfix.proxy._health import Verdict
 from corrfix.proxy._logs import reopen_log_file
-from corrfix.proxy._systemd import NOTIFY_SOCKET, READY, STOPPING, NotifyReceiver, notify, reloading
+from corrfix.proxy._systemd import ENDPOINT, NOTIFY_SOCKET, READY, STOPPING, NotifyReceiver, notify, reloading
 
 log = structlog.get_logger("corrfix.workers")
 MAX_RESTARTS = 10
 SCRAPE_TIMEOUT = 2.0
 POLL_INTERVAL = 0.2
 CREATED_SUFFIX = "_created"
+WORKER_ENDPOINT = Address("127.0.0.1", 0)
+"""Where a worker serves its own health and metrics: a port the kernel picks."""
 
 
 class SummedWorkerMetrics(Collector):
-    """Scrapes each worker's own endpoint and sums samples with the same name and labels."""
+    """Scrapes each worker's own endpoint and sums samples with the same name and labels.
 
-    def __init__(self, endpoints: Sequence[Address]) -> None:
-        self.endpoints = list(endpoints)
+    ``endpoints`` is the supervisor's own list, read at each scrape: None for a worker that
+    has not said where it serves yet.
+    """
+
+    def __init__(self, endpoints: Sequence[Address | None]) -> None:
+        self.endpoints = endpoints
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         sums: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
-        for endpoint in self.endpoints:
+        for endpoint in list(self.endpoints):
+            if endpoint is None:
+                continue  # a worker starting: its counters come with it
             try:
                 url = f"http://{endpoint}/metrics"
                 with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
@@ -78,8 +87,8 @@ class SummedWorkerMetrics(Collector):
 class WorkersHealth:
     """``/livez`` and ``/readyz`` of the supervisor: every worker's own answer, and the drain."""
 
-    def __init__(self, endpoints: Sequence[Address]) -> None:
-        self.endpoints = list(endpoints)
+    def __init__(self, endpoints: Sequence[Address | None]) -> None:
+        self.endpoints = endpoints  # the supervisor's own list, as in SummedWorkerMetrics
         self.draining = False
 
     def live(self) -> Verdict:
@@ -95,8 +104,12 @@ class WorkersHealth:
 
     def _ask(self, path: str) -> list[dict[str, Any]]:
         answers = []
-        for index, endpoint in enumerate(self.endpoints):
+        for index, endpoint in enumerate(list(self.endpoints)):
             answer: dict[str, Any] = {"worker": index}
+            if endpoint is None:
+                answer.update(status=None, error="starting: no endpoint yet")
+                answers.append(answer)
+                continue
             try:
                 with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=SCRAPE_TIMEOUT) as response:
                     answer.update(status=response.status, detail=json.loads(response.read()))
@@ -109,21 +122,30 @@ class WorkersHealth:
 
 
 class WorkerNotifications:
-    """The workers' sd_notify messages, so that the supervisor says READY=1 once they all listen."""
+    """The workers' sd_notify messages: where each serves, and READY=1 once they all listen."""
 
     def __init__(self) -> None:
         self._receiver = NotifyReceiver()
         self._ready: set[int | None] = set()
         self._announced = False
+        self.endpoints: dict[int, Address] = {}
+        """Per worker pid, where it said it serves."""
 
     def worker_environment(self) -> dict[str, str]:
         return {**os.environ, NOTIFY_SOCKET: self._receiver.path}
 
     def wait_ready(self, timeout: float, pids: set[int]) -> bool:
         """Wait up to ``timeout`` for messages; True once, when every one of ``pids`` is ready."""
+        prefix = ENDPOINT + "="
         for pid, lines in self._receiver.receive(timeout):
             if READY in lines:
                 self._ready.add(pid)
+            for line in lines:
+                if pid is not None and line.startswith(prefix):
+                    try:
+                        self.endpoints[pid] = Address.parse(line[len(prefix) :])
+                    except ValueError:
+                        log.warning("worker sent an unreadable endpoint", pid=pid, message=line)
         if not self._announced and pids <= self._ready:
             self._announced = True
             return True
@@ -138,19 +160,19 @@ def run_workers(
 ) -> int:
     """Run ``corrfix proxy ARGV`` as ``workers`` processes until they all stop."""
     served = metrics is not None or admin is not None
-    endpoints = [Address("127.0.0.1", free_port()) for _ in range(workers)] if served else []
+    endpoints: list[Address | None] = [None] * workers if served else []
     notifications = WorkerNotifications()
     # A worker's own endpoint serves what the supervisor's does: metrics, or health alone.
     endpoint_option = "--metrics" if metrics is not None else "--admin"
 
-    def command(index: int) -> list[str]:
+    def command() -> list[str]:
         extra = ["--workers", "1", "--reuse-port"]
-        if endpoints:
-            extra += [endpoint_option, str(endpoints[index])]
+        if served:
+            extra += [endpoint_option, str(WORKER_ENDPOINT)]
         return [sys.executable, "-m", "corrfix", "proxy", *argv, *extra]
 
     def start(index: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command(index), env=notifications.worker_environment())
+        return subprocess.Popen(command(), env=notifications.worker_environment())
 
     health = WorkersHealth(endpoints)
     try:
@@ -192,6 +214,9 @@ def run_workers(
     while True:
         if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
             notify(READY)  # every worker listens
+        for index, process in enumerate(processes):
+            if served:
+                endpoints[index] = notifications.endpoints.get(process.pid)
         if reopen:
             reopen = False
             reopen_log_file()

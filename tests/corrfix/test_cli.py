@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from corrfix._cli import build_parser
-from corrfix._netutil import free_port
+from corrfix._netutil import free_ports
 from corrfix.lab import CorrfixProcess, workload
 from corrfix.lab._demo import audit_capture
 
@@ -79,7 +79,7 @@ def test_a_listen_port_in_use_is_one_line_and_a_failing_exit():
 
 
 def test_proxy_process_relays_serves_metrics_and_stops_cleanly_on_sigterm(tansu_factory, tmp_path):
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     broker = tansu_factory(advertised_port=port)
     args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", broker.bootstrap]
     proxy = CorrfixProcess([*args, "--metrics", f"127.0.0.1:{metrics_port}"], port, tmp_path / "p.log")
@@ -126,7 +126,7 @@ def test_demo_runs_on_embedded_defaults_scaled_down(tmp_path):
 
 @pytest.mark.broker
 def test_workers_share_the_port_and_sum_their_metrics(tansu, tmp_path):
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--workers", "2"]
     proxy = CorrfixProcess([*args, "--metrics", f"127.0.0.1:{metrics_port}"], port, tmp_path / "w.log")
     bootstrap = f"127.0.0.1:{port}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corrfix._netutil import free_port
+from corrfix._netutil import free_ports
 from corrfix.lab import CorrfixProcess, TansuBroker, workload
 from tests.support.health import wait_for_status
 from tests.support.tools import require_tool
@@ -26,7 +26,7 @@ def promtool() -> str:
 def live_scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``/metrics`` of a corrfix that relayed produce and consume to Tansu, with a capture."""
     work = tmp_path_factory.mktemp("scrape")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     with TansuBroker(advertised_port=port) as broker:
         args = [
             "proxy",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from corrfix._netutil import free_port
+from corrfix._netutil import free_ports
 from corrfix.lab import CorrfixProcess
 from tests.deploy.conftest import DEPLOY
 from tests.support.health import wait_for_status
@@ -63,7 +63,7 @@ def run_healthcheck(metrics: str) -> int:
 
 
 def test_the_healthcheck_command_probes_a_real_corrfix(tansu, tmp_path):
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     metrics = f"0.0.0.0:{metrics_port}"
     args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--metrics", metrics]
     with CorrfixProcess(args, port, tmp_path / "p.log"):

@@ -3,20 +3,26 @@ stopped, restarted, and while the proxy drains; and of ``--workers``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from corrfix._netutil import free_port
+from corrfix._netutil import free_port, free_ports
 from corrfix.lab import CorrfixProcess, workload
 from tests.support.health import held_fetch, probe, wait_for, wait_for_draining, wait_for_status
 
 pytestmark = pytest.mark.broker
+HOLD_MS = 5000
+"""How long Tansu holds the Fetch that keeps a drain going."""
 
 
 def proxy_args(port: int, upstream: str, *extra: str) -> list[str]:
@@ -35,7 +41,7 @@ def proxy_args(port: int, upstream: str, *extra: str) -> list[str]:
 
 
 def test_probes_follow_tansu_up_stopped_restarted_and_the_drain(tansu_factory, tmp_path):
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     broker = tansu_factory(advertised_port=port)
     base = f"http://127.0.0.1:{metrics_port}"
     args = proxy_args(
@@ -59,9 +65,10 @@ def test_probes_follow_tansu_up_stopped_restarted_and_the_drain(tansu_factory, t
         broker = tansu_factory(advertised_port=port, port=broker.port)
         wait_for_status(f"{base}/readyz", 200)
 
-        # A Fetch that Tansu holds for 3 s keeps the drain going: meanwhile, not ready, still live.
+        # A Fetch that Tansu holds for 5 s keeps the drain going: meanwhile, not ready, still live.
+        # (The checks below must all happen inside that hold, on a machine that may be busy.)
         workload.create_topic(f"127.0.0.1:{port}", "idle")
-        with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
+        with held_fetch(("127.0.0.1", port), "idle", HOLD_MS) as client:
             wait_for_outstanding(base)
             proxy._proc.send_signal(signal.SIGTERM)
             body = wait_for_draining(base)
@@ -88,7 +95,7 @@ def scrape(base: str) -> str:
 
 
 def test_admin_serves_health_without_metrics(tansu, tmp_path):
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_ports(2)
     base = f"http://127.0.0.1:{admin_port}"
     args = proxy_args(port, tansu.bootstrap, "--admin", f"127.0.0.1:{admin_port}")
     with CorrfixProcess(args, port, tmp_path / "a.log"):
@@ -99,24 +106,50 @@ def test_admin_serves_health_without_metrics(tansu, tmp_path):
         assert info.value.code == 404 and info.value.read() == b"try /livez /readyz\n"
 
 
-def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_path):
-    port, metrics_port = free_port(), free_port()
+@contextlib.contextmanager
+def two_workers(upstream: str, log_path: Path) -> Iterator[tuple[CorrfixProcess, int, str]]:
+    """``--workers 2 --metrics``, once both workers are ready: the process, its port, the base URL."""
+    port, metrics_port = free_ports(2)
     base = f"http://127.0.0.1:{metrics_port}"
-    args = proxy_args(port, tansu.bootstrap, "--workers", "2", "--metrics", f"127.0.0.1:{metrics_port}")
-    with CorrfixProcess(args, port, tmp_path / "w.log") as proxy:
+    args = proxy_args(port, upstream, "--workers", "2", "--metrics", f"127.0.0.1:{metrics_port}")
+    with CorrfixProcess(args, port, log_path) as proxy:
         body = wait_for_status(f"{base}/readyz", 200)
         assert [worker["status"] for worker in body["workers"]] == [200, 200]
-        assert body["workers"][0]["detail"]["upstreams"][0]["upstream"] == tansu.bootstrap
+        assert body["workers"][0]["detail"]["upstreams"][0]["upstream"] == upstream
+        yield proxy, port, base
+
+
+def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_path):
+    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, port, base):
         live = probe(f"{base}/livez")
         assert live[0] == 200 and [w["status"] for w in live[1]["live"]] == [200, 200]
         assert "corrfix_ready 2.0" in scrape(base)  # summed over the workers
         workload.create_topic(f"127.0.0.1:{port}", "idle")
-        with held_fetch(("127.0.0.1", port), "idle", 3000) as client:
+        with held_fetch(("127.0.0.1", port), "idle", HOLD_MS) as client:
             wait_for_outstanding(base)
             proxy._proc.send_signal(signal.SIGTERM)
             wait_for_draining(base)
             assert len(client.recv(1 << 16)) > 8
         assert proxy._proc.wait(20) == 0
+
+
+def test_a_restarted_worker_is_asked_where_it_now_serves(tansu, tmp_path):
+    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, _, base):
+        supervisor = proxy._proc.pid
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
+        workers = [int(pid) for pid in children.split()]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        wait_for(
+            lambda: any(r["event"] == "worker exited, restarting" for r in proxy.records()),
+            20,
+            "the supervisor to restart the killed worker",
+        )
+        # The old worker is gone and its port closed: only the new one, at the port the kernel
+        # gave it, can answer for worker 0.
+        body = wait_for_status(f"{base}/readyz", 200)
+        assert [worker["status"] for worker in body["workers"]] == [200, 200]
+        assert "corrfix_ready 2.0" in scrape(base)
 
 
 def test_a_metrics_port_in_use_stops_the_workers_before_they_start():

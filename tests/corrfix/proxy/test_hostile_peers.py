@@ -29,7 +29,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from corrfix._netutil import free_port
+from corrfix._netutil import free_ports
 from corrfix.core import LOOPBACK, Address, RepairConfig
 from corrfix.lab import CorrfixProcess
 from corrfix.proxy import Proxy, ProxyConfig
@@ -511,7 +511,7 @@ async def test_rss_stays_bounded_under_a_storm_of_hostile_peers(tmp_path, engine
     and 50 garbage and HTTP clients. Bounds, stated generously for a noisy machine: once it
     tracks only the bystander again, its RSS is within 64 MiB of what it was after warm-up, and
     its peak RSS never grew by more than 160 MiB (50 stalled frames hold at most ~3 MiB)."""
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     broker = ScriptedBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
