@@ -11,11 +11,17 @@ from typing import Protocol
 
 import pytest
 import structlog
+from hypothesis import settings
 
 from corrfix.core import LOOPBACK
 from corrfix.lab import TansuBroker
 
 BROKER_FIXTURES = frozenset({"tansu", "tansu_factory"})
+
+# No per-example time limit: on a shared 2-core machine a single example can be starved of
+# the CPU for longer than hypothesis's default 200 ms, which says nothing about the code.
+settings.register_profile("corrfix", deadline=None)
+settings.load_profile("corrfix")
 
 
 class TansuFactory(Protocol):
