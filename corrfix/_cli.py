@@ -17,7 +17,7 @@ import trio
 from corrfix import _argtypes as argtypes
 from corrfix._main import add_common as _add_common
 from corrfix._version import VersionAction
-from corrfix.core import Address, BrokerPorts, RepairConfig
+from corrfix.core import LOOPBACK, Address, BrokerPorts, RepairConfig
 from corrfix.proxy import (
     DEFAULT_READY_INTERVAL,
     DEFAULT_READY_STALE,
@@ -197,6 +197,9 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "one of them and --metrics sums them all (default 1)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    # A worker of --workers serves one endpoint of its own on a port the kernel picks, in place
+    # of the user's --metrics and --admin (from any source), which are its supervisor's.
+    p.add_argument("--worker-endpoint", choices=("metrics", "admin"), help=argparse.SUPPRESS)
     p.add_argument(
         "--no-engine",
         dest="engine",
@@ -313,6 +316,10 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
         return run_workers(args.raw_argv[1:], args.workers, args.metrics, admin=args.admin)
 
+    if args.worker_endpoint is not None:
+        own = Address(LOOPBACK, 0)
+        args.metrics = own if args.worker_endpoint == "metrics" else None
+        args.admin = own if args.worker_endpoint == "admin" else None
     metrics = ProxyMetrics() if args.metrics else None
     try:
         writer = capture_writer_from_args(args)

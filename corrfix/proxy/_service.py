@@ -61,6 +61,8 @@ class ProxyService:
         self.clock = clock
         self.listening = trio.Event()
         """Set once the listeners are up (and READY=1 was sent)."""
+        self.endpoint: Address | None = None
+        """Where ``/livez`` and ``/readyz`` are served, said along with every READY=1."""
 
     @classmethod
     def build(
@@ -110,7 +112,7 @@ class ProxyService:
                 nursery.start_soon(checks)
             await nursery.start(serve_proxy)
             self.liveness.listening()
-            notify(READY)
+            notify(self._ready_message())
             self.listening.set()
 
     async def _heartbeat(self) -> None:
@@ -131,7 +133,12 @@ class ProxyService:
         if self.reopen is not None:
             self.reopen()
         log.info("reopened log and capture files")
-        notify(READY)
+        notify(self._ready_message())
+
+    def _ready_message(self) -> str:
+        """READY=1, with the endpoint: a worker's supervisor learns its port from it (the
+        worker asked for port 0), in the same datagram and again after each reload."""
+        return READY if self.endpoint is None else f"{READY}\n{endpoint(self.endpoint)}"
 
 
 class CaptureStats(Protocol):
@@ -153,8 +160,8 @@ def open_admin(
     admin_address: Address | None,
     capture: CaptureStats | None = None,
 ) -> list[AdminServer]:
-    """Serve ``/metrics`` (with the health metrics) and the health endpoints where asked, and
-    tell ``$NOTIFY_SOCKET`` where (the first of them: ``/metrics`` when both are asked)."""
+    """Serve ``/metrics`` (with the health metrics) and the health endpoints where asked; the
+    first of them (``/metrics`` when both are asked) is the service's endpoint."""
     servers = []
     if metrics is not None and metrics_address is not None:
 
@@ -174,6 +181,5 @@ def open_admin(
     if admin_address is not None:
         servers.append(AdminServer(admin_address, AdminApp(service.live, service.ready)))
     if servers:
-        # How a worker's supervisor learns the port the kernel gave it (it asks for port 0).
-        notify(endpoint(servers[0].address))
+        service.endpoint = servers[0].address
     return servers

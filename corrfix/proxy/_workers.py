@@ -6,8 +6,9 @@ SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker
 on its own, and serves one ``/metrics`` that sums every worker's samples (counters, gauges
 and histogram buckets all add up across processes; ``_created`` times take the earliest).
 Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
-Each worker binds its own endpoint to a port the kernel picks and says which in an
-sd_notify message (a port chosen for it beforehand could be taken by the time it binds).
+Each worker serves one endpoint of its own, on a loopback port the kernel picks, and says
+which along with its READY=1 (a port chosen for it beforehand could be taken by the time it
+binds); the user's ``--metrics`` and ``--admin`` addresses are the supervisor's alone.
 The workers' sd_notify messages come to the supervisor, which tells systemd ``READY=1``
 once every worker listens.
 """
@@ -42,8 +43,6 @@ MAX_RESTARTS = 10
 SCRAPE_TIMEOUT = 2.0
 POLL_INTERVAL = 0.2
 CREATED_SUFFIX = "_created"
-WORKER_ENDPOINT = Address("127.0.0.1", 0)
-"""Where a worker serves its own health and metrics: a port the kernel picks."""
 
 
 class SummedWorkerMetrics(Collector):
@@ -92,8 +91,11 @@ class WorkersHealth:
         self.draining = False
 
     def live(self) -> Verdict:
+        """Live while every worker is, or is being started: restarting the supervisor for a
+        worker it is restarting itself would only cost the other workers' connections."""
         answers = self._ask(LIVEZ)
-        return Verdict(all(a["status"] == 200 for a in answers), {"live": answers})
+        live = all(a["status"] == 200 or a.get("starting") for a in answers)
+        return Verdict(live, {"live": answers})
 
     def ready(self) -> Verdict:
         if self.draining:
@@ -107,7 +109,7 @@ class WorkersHealth:
         for index, endpoint in enumerate(list(self.endpoints)):
             answer: dict[str, Any] = {"worker": index}
             if endpoint is None:
-                answer.update(status=None, error="starting: no endpoint yet")
+                answer.update(status=None, starting=True, error="starting: no endpoint yet")
                 answers.append(answer)
                 continue
             try:
@@ -130,6 +132,11 @@ class WorkerNotifications:
         self._announced = False
         self.endpoints: dict[int, Address] = {}
         """Per worker pid, where it said it serves."""
+
+    def forget(self, pid: int) -> None:
+        """A worker exited: its pid may come back as another process's."""
+        self.endpoints.pop(pid, None)
+        self._ready.discard(pid)
 
     def worker_environment(self) -> dict[str, str]:
         return {**os.environ, NOTIFY_SOCKET: self._receiver.path}
@@ -163,12 +170,12 @@ def run_workers(
     endpoints: list[Address | None] = [None] * workers if served else []
     notifications = WorkerNotifications()
     # A worker's own endpoint serves what the supervisor's does: metrics, or health alone.
-    endpoint_option = "--metrics" if metrics is not None else "--admin"
+    endpoint_kind = "metrics" if metrics is not None else "admin"
 
     def command() -> list[str]:
         extra = ["--workers", "1", "--reuse-port"]
         if served:
-            extra += [endpoint_option, str(WORKER_ENDPOINT)]
+            extra += ["--worker-endpoint", endpoint_kind]
         return [sys.executable, "-m", "corrfix", "proxy", *argv, *extra]
 
     def start(index: int) -> subprocess.Popen[bytes]:
@@ -233,6 +240,9 @@ def run_workers(
                 break
             restarts += 1
             log.warning("worker exited, restarting", worker=index, returncode=rc)
+            notifications.forget(process.pid)
+            if served:
+                endpoints[index] = None
             processes[index] = start(index)
     notifications.close()
     codes = [p.returncode for p in processes]

@@ -107,23 +107,27 @@ def test_admin_serves_health_without_metrics(tansu, tmp_path):
 
 
 @contextlib.contextmanager
-def two_workers(upstream: str, log_path: Path) -> Iterator[tuple[CorrfixProcess, int, str]]:
-    """``--workers 2 --metrics``, once both workers are ready: the process, its port, the base URL."""
-    port, metrics_port = free_ports(2)
-    base = f"http://127.0.0.1:{metrics_port}"
-    args = proxy_args(port, upstream, "--workers", "2", "--metrics", f"127.0.0.1:{metrics_port}")
+def two_workers(
+    upstream: str, log_path: Path, *, admin: bool = False
+) -> Iterator[tuple[CorrfixProcess, int, str, str]]:
+    """``--workers 2 --metrics`` (and ``--admin``), once both workers are ready: the process,
+    its port, the metrics base URL and the admin one (empty without ``--admin``)."""
+    port, metrics_port, admin_port = free_ports(3)
+    base, admin_base = f"http://127.0.0.1:{metrics_port}", f"http://127.0.0.1:{admin_port}" if admin else ""
+    extra = ["--admin", f"127.0.0.1:{admin_port}"] if admin else []
+    args = proxy_args(port, upstream, "--workers", "2", "--metrics", f"127.0.0.1:{metrics_port}", *extra)
     with CorrfixProcess(args, port, log_path) as proxy:
         body = wait_for_status(f"{base}/readyz", 200)
         assert [worker["status"] for worker in body["workers"]] == [200, 200]
         assert body["workers"][0]["detail"]["upstreams"][0]["upstream"] == upstream
-        yield proxy, port, base
+        yield proxy, port, base, admin_base
 
 
 def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_path):
-    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, port, base):
+    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, port, base, _):
         live = probe(f"{base}/livez")
         assert live[0] == 200 and [w["status"] for w in live[1]["live"]] == [200, 200]
-        assert "corrfix_ready 2.0" in scrape(base)  # summed over the workers
+        wait_for(lambda: "corrfix_ready 2.0" in scrape(base), 10, "both workers ready in /metrics (summed)")
         workload.create_topic(f"127.0.0.1:{port}", "idle")
         with held_fetch(("127.0.0.1", port), "idle", HOLD_MS) as client:
             wait_for_outstanding(base)
@@ -134,10 +138,8 @@ def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_
 
 
 def test_a_restarted_worker_is_asked_where_it_now_serves(tansu, tmp_path):
-    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, _, base):
-        supervisor = proxy._proc.pid
-        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
-        workers = [int(pid) for pid in children.split()]
+    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, _, base, _):
+        workers = next(r for r in proxy.records() if r["event"] == "workers started")["pids"]
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
         wait_for(
@@ -149,7 +151,14 @@ def test_a_restarted_worker_is_asked_where_it_now_serves(tansu, tmp_path):
         # gave it, can answer for worker 0.
         body = wait_for_status(f"{base}/readyz", 200)
         assert [worker["status"] for worker in body["workers"]] == [200, 200]
-        assert "corrfix_ready 2.0" in scrape(base)
+        wait_for(lambda: "corrfix_ready 2.0" in scrape(base), 10, "both workers ready in /metrics (summed)")
+
+
+def test_workers_leave_the_admin_and_metrics_addresses_to_the_supervisor(tansu, tmp_path):
+    with two_workers(tansu.bootstrap, tmp_path / "w.log", admin=True) as (proxy, _, _, admin_base):
+        body = wait_for_status(f"{admin_base}/readyz", 200)
+        assert [worker["status"] for worker in body["workers"]] == [200, 200]
+        assert not any(r["event"] == "worker exited, restarting" for r in proxy.records())
 
 
 def test_a_metrics_port_in_use_stops_the_workers_before_they_start():

@@ -15,7 +15,7 @@ import pytest
 from corrfix._netutil import can_connect, free_port
 from corrfix.lab import CorrfixProcess, workload
 from corrfix.proxy._systemd import NOTIFY_SOCKET, READY, notify
-from tests.support.health import wait_for
+from tests.support.health import probe, wait_for
 
 UCRED = struct.Struct("3i")
 
@@ -115,6 +115,19 @@ def test_ready_after_listening_reload_reopens_files_stopping_on_sigterm(systemd,
     assert old[0] == "capture started" and "reopened log and capture files" not in old
     assert new[0] == "reopened log and capture files" and new[-1] == "proxy stopped"
     assert proxy.output() == ""  # everything went to the log file
+
+
+@pytest.mark.broker
+def test_ready_says_where_health_is_served_when_the_kernel_picked_the_port(systemd, tansu, tmp_path):
+    port = free_port()
+    args = ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream", tansu.bootstrap, "--admin", "127.0.0.1:0"]
+    with CorrfixProcess(args, port, tmp_path / "stdout.log") as proxy:
+        pid, message = systemd.receive()
+        assert pid == proxy._proc.pid and message[0] == READY
+        (said,) = message[1:]
+        name, _, where = said.partition("=")
+        assert name == "X_CORRFIX_ENDPOINT"
+        assert probe(f"http://{where}/livez") == (200, {"live": True})
 
 
 @pytest.mark.broker
