@@ -17,7 +17,7 @@ import trio
 from corrfix import _argtypes as argtypes
 from corrfix._main import add_common as _add_common
 from corrfix._version import VersionAction
-from corrfix.core import LOOPBACK, Address, BrokerPorts, RepairConfig
+from corrfix.core import Address, BrokerPorts, RepairConfig
 from corrfix.proxy import (
     DEFAULT_READY_INTERVAL,
     DEFAULT_READY_STALE,
@@ -33,6 +33,7 @@ from corrfix.proxy import (
     configure_logging,
     defaults_from_env,
     defaults_from_toml,
+    endpoints_to_serve,
     given_on_command_line,
     open_admin,
     render_effective,
@@ -197,9 +198,6 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "one of them and --metrics sums them all (default 1)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-    # A worker of --workers serves one endpoint of its own on a port the kernel picks, in place
-    # of the user's --metrics and --admin (from any source), which are its supervisor's.
-    p.add_argument("--worker-endpoint", choices=("metrics", "admin"), help=argparse.SUPPRESS)
     p.add_argument(
         "--no-engine",
         dest="engine",
@@ -316,10 +314,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
         return run_workers(args.raw_argv[1:], args.workers, args.metrics, admin=args.admin)
 
-    if args.worker_endpoint is not None:
-        own = Address(LOOPBACK, 0)
-        args.metrics = own if args.worker_endpoint == "metrics" else None
-        args.admin = own if args.worker_endpoint == "admin" else None
+    # A worker of --workers serves one endpoint of its own, not the user's (its supervisor's).
+    args.metrics, args.admin = endpoints_to_serve(args.metrics, args.admin)
     metrics = ProxyMetrics() if args.metrics else None
     try:
         writer = capture_writer_from_args(args)

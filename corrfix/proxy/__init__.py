@@ -17,7 +17,7 @@ from ._readiness import DEFAULT_READY_INTERVAL, DEFAULT_READY_STALE
 from ._server import ListenError, Proxy
 from ._service import ProxyService, open_admin
 from ._tls import TlsConfig, TlsError, add_tls_arguments, tls_config_from_args
-from ._workers import run_workers
+from ._workers import endpoints_to_serve, run_workers
 
 __all__ = [
     "DEFAULT_READY_INTERVAL",
@@ -39,6 +39,7 @@ __all__ = [
     "configure_logging",
     "defaults_from_env",
     "defaults_from_toml",
+    "endpoints_to_serve",
     "given_on_command_line",
     "open_admin",
     "render_effective",

@@ -8,7 +8,9 @@ and histogram buckets all add up across processes; ``_created`` times take the e
 Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
 Each worker serves one endpoint of its own, on a loopback port the kernel picks, and says
 which along with its READY=1 (a port chosen for it beforehand could be taken by the time it
-binds); the user's ``--metrics`` and ``--admin`` addresses are the supervisor's alone.
+binds); the user's ``--metrics`` and ``--admin`` addresses are the supervisor's alone. A
+worker that has not said READY=1 within ``START_TIMEOUT`` is killed, and restarted like one
+that died.
 The workers' sd_notify messages come to the supervisor, which tells systemd ``READY=1``
 once every worker listens.
 """
@@ -20,11 +22,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -43,24 +46,53 @@ MAX_RESTARTS = 10
 SCRAPE_TIMEOUT = 2.0
 POLL_INTERVAL = 0.2
 CREATED_SUFFIX = "_created"
+START_TIMEOUT = 60.0
+"""Seconds a worker may take to listen and say READY=1 before it is killed and restarted."""
+WORKER_ENDPOINT_VARIABLE = "_CORRFIX_WORKER_ENDPOINT"
+"""Set by the supervisor for its workers: ``metrics`` or ``admin``, the one endpoint a worker
+serves of its own (outside the ``CORRFIX_`` settings, so no option, variable or file sets it)."""
+OWN_ENDPOINT = Address("127.0.0.1", 0)
+
+Slot = Address | Literal["starting", "exited"]
+"""What the supervisor knows of a worker's endpoint: where it serves, or why it serves nowhere."""
+
+
+def endpoints_to_serve(
+    metrics: Address | None, admin: Address | None, environ: Mapping[str, str] | None = None
+) -> tuple[Address | None, Address | None]:
+    """The ``--metrics`` and ``--admin`` addresses this process serves: the user's, except in a
+    worker, which serves one endpoint of its own on a port the kernel picks."""
+    kind = (os.environ if environ is None else environ).get(WORKER_ENDPOINT_VARIABLE)
+    if kind == "metrics":
+        return OWN_ENDPOINT, None
+    if kind == "admin":
+        return None, OWN_ENDPOINT
+    return metrics, admin
+
+
+def overdue(
+    started: Sequence[float], ready: Sequence[bool], now: float, timeout: float = START_TIMEOUT
+) -> list[int]:
+    """The workers that have not said READY=1 within ``timeout`` of their start."""
+    late = zip(started, ready, strict=True)
+    return [index for index, (at, said) in enumerate(late) if not said and now - at > timeout]
 
 
 class SummedWorkerMetrics(Collector):
     """Scrapes each worker's own endpoint and sums samples with the same name and labels.
 
-    ``endpoints`` is the supervisor's own list, read at each scrape: None for a worker that
-    has not said where it serves yet.
+    ``endpoints`` is the supervisor's own list, read at each scrape.
     """
 
-    def __init__(self, endpoints: Sequence[Address | None]) -> None:
+    def __init__(self, endpoints: Sequence[Slot]) -> None:
         self.endpoints = endpoints
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         sums: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
         for endpoint in list(self.endpoints):
-            if endpoint is None:
-                continue  # a worker starting: its counters come with it
+            if not isinstance(endpoint, Address):
+                continue  # a worker starting (its counters come with it) or gone
             try:
                 url = f"http://{endpoint}/metrics"
                 with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
@@ -86,15 +118,16 @@ class SummedWorkerMetrics(Collector):
 class WorkersHealth:
     """``/livez`` and ``/readyz`` of the supervisor: every worker's own answer, and the drain."""
 
-    def __init__(self, endpoints: Sequence[Address | None]) -> None:
+    def __init__(self, endpoints: Sequence[Slot]) -> None:
         self.endpoints = endpoints  # the supervisor's own list, as in SummedWorkerMetrics
         self.draining = False
 
     def live(self) -> Verdict:
-        """Live while every worker is, or is being started: restarting the supervisor for a
-        worker it is restarting itself would only cost the other workers' connections."""
+        """Live while every worker is, is being started (within ``START_TIMEOUT``), or has
+        finished its drain: restarting the supervisor for a worker it is starting itself
+        would only cost the other workers' connections."""
         answers = self._ask(LIVEZ)
-        live = all(a["status"] == 200 or a.get("starting") for a in answers)
+        live = all(a["status"] == 200 or a.get("state") in ("starting", "exited") for a in answers)
         return Verdict(live, {"live": answers})
 
     def ready(self) -> Verdict:
@@ -108,8 +141,8 @@ class WorkersHealth:
         answers = []
         for index, endpoint in enumerate(list(self.endpoints)):
             answer: dict[str, Any] = {"worker": index}
-            if endpoint is None:
-                answer.update(status=None, starting=True, error="starting: no endpoint yet")
+            if not isinstance(endpoint, Address):
+                answer.update(status=None, state=endpoint, error=f"{endpoint}: no endpoint")
                 answers.append(answer)
                 continue
             try:
@@ -138,17 +171,28 @@ class WorkerNotifications:
         self.endpoints.pop(pid, None)
         self._ready.discard(pid)
 
-    def worker_environment(self) -> dict[str, str]:
-        return {**os.environ, NOTIFY_SOCKET: self._receiver.path}
+    def said_ready(self, pid: int) -> bool:
+        return pid in self._ready
+
+    def worker_environment(self, endpoint_kind: str | None = None) -> dict[str, str]:
+        """The environment of a worker: where to notify, and which endpoint to serve if any."""
+        environment = {**os.environ, NOTIFY_SOCKET: self._receiver.path}
+        environment.pop(WORKER_ENDPOINT_VARIABLE, None)
+        if endpoint_kind is not None:
+            environment[WORKER_ENDPOINT_VARIABLE] = endpoint_kind
+        return environment
 
     def wait_ready(self, timeout: float, pids: set[int]) -> bool:
-        """Wait up to ``timeout`` for messages; True once, when every one of ``pids`` is ready."""
+        """Wait up to ``timeout`` for messages; True once, when every one of ``pids`` is ready.
+        Messages from other pids (a worker that has exited) are dropped."""
         prefix = ENDPOINT + "="
         for pid, lines in self._receiver.receive(timeout):
+            if pid not in pids:
+                continue
             if READY in lines:
                 self._ready.add(pid)
             for line in lines:
-                if pid is not None and line.startswith(prefix):
+                if line.startswith(prefix):
                     try:
                         self.endpoints[pid] = Address.parse(line[len(prefix) :])
                     except ValueError:
@@ -167,19 +211,19 @@ def run_workers(
 ) -> int:
     """Run ``corrfix proxy ARGV`` as ``workers`` processes until they all stop."""
     served = metrics is not None or admin is not None
-    endpoints: list[Address | None] = [None] * workers if served else []
+    endpoints: list[Slot] = ["starting"] * workers if served else []
     notifications = WorkerNotifications()
     # A worker's own endpoint serves what the supervisor's does: metrics, or health alone.
-    endpoint_kind = "metrics" if metrics is not None else "admin"
-
-    def command() -> list[str]:
-        extra = ["--workers", "1", "--reuse-port"]
-        if served:
-            extra += ["--worker-endpoint", endpoint_kind]
-        return [sys.executable, "-m", "corrfix", "proxy", *argv, *extra]
+    endpoint_kind = ("metrics" if metrics is not None else "admin") if served else None
+    command = [sys.executable, "-m", "corrfix", "proxy", *argv, "--workers", "1", "--reuse-port"]
+    started: list[float] = []
 
     def start(index: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command(), env=notifications.worker_environment())
+        if index < len(started):
+            started[index] = time.monotonic()
+        else:
+            started.append(time.monotonic())
+        return subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
 
     health = WorkersHealth(endpoints)
     try:
@@ -222,8 +266,14 @@ def run_workers(
         if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
             notify(READY)  # every worker listens
         for index, process in enumerate(processes):
-            if served:
-                endpoints[index] = notifications.endpoints.get(process.pid)
+            if served and endpoints[index] != "exited":
+                endpoints[index] = notifications.endpoints.get(process.pid, "starting")
+        if not stopping:
+            said = [notifications.said_ready(p.pid) for p in processes]
+            for index in overdue(started, said, time.monotonic()):
+                if processes[index].poll() is None:
+                    log.warning("worker did not start in time, killing it", worker=index, limit=START_TIMEOUT)
+                    processes[index].kill()  # reaped and restarted below, or on the next pass
         if reopen:
             reopen = False
             reopen_log_file()
@@ -232,7 +282,11 @@ def run_workers(
             break
         for index, process in enumerate(processes):
             rc = process.poll()
-            if rc is None or stopping:
+            if rc is None:
+                continue
+            if stopping:
+                if served:
+                    endpoints[index] = "exited"  # drained: nothing to ask it any more
                 continue
             if restarts >= MAX_RESTARTS:
                 log.error("worker keeps dying, stopping", worker=index, returncode=rc)
@@ -242,7 +296,7 @@ def run_workers(
             log.warning("worker exited, restarting", worker=index, returncode=rc)
             notifications.forget(process.pid)
             if served:
-                endpoints[index] = None
+                endpoints[index] = "starting"
             processes[index] = start(index)
     notifications.close()
     codes = [p.returncode for p in processes]
