@@ -70,9 +70,7 @@ def endpoints_to_serve(
     return metrics, admin
 
 
-def overdue(
-    started: Sequence[float], ready: Sequence[bool], now: float, timeout: float = START_TIMEOUT
-) -> list[int]:
+def overdue(started: Sequence[float], ready: Sequence[bool], now: float, timeout: float) -> list[int]:
     """The workers that have not said READY=1 within ``timeout`` of their start."""
     late = zip(started, ready, strict=True)
     return [index for index, (at, said) in enumerate(late) if not said and now - at > timeout]
@@ -270,7 +268,7 @@ def run_workers(
                 endpoints[index] = notifications.endpoints.get(process.pid, "starting")
         if not stopping:
             said = [notifications.said_ready(p.pid) for p in processes]
-            for index in overdue(started, said, time.monotonic()):
+            for index in overdue(started, said, time.monotonic(), START_TIMEOUT):
                 if processes[index].poll() is None:
                     log.warning("worker did not start in time, killing it", worker=index, limit=START_TIMEOUT)
                     processes[index].kill()  # reaped and restarted below, or on the next pass

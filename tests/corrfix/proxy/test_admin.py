@@ -161,6 +161,34 @@ def test_workers_leave_the_admin_and_metrics_addresses_to_the_supervisor(tansu, 
         assert not any(r["event"] == "worker exited, restarting" for r in proxy.records())
 
 
+HANG_FIRST_STARTS = """
+import os, time
+if os.environ.get("_CORRFIX_WORKER_ENDPOINT") is None:
+    import corrfix.proxy._workers as workers  # the supervisor: a start-up limit a test can wait out
+    workers.START_TIMEOUT = 5.0  # a worker that does not hang starts in about a second
+else:
+    for n in range(2):  # the first two workers to start hang before they listen
+        try:
+            os.close(os.open(os.path.join({markers!r}, f"hung-{{n}}"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        time.sleep(3600)
+"""
+
+
+def test_workers_that_hang_in_start_up_are_killed_and_restarted(tansu, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HANG_FIRST_STARTS.format(markers=str(tmp_path)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, _, _, _):
+        events = [r["event"] for r in proxy.records()]
+    assert sorted(p.name for p in tmp_path.glob("hung-*")) == ["hung-0", "hung-1"]
+    # The two that hung, at least (on a very busy machine a restarted one could be slow too).
+    assert events.count("worker did not start in time, killing it") >= 2
+    assert events.count("worker exited, restarting") >= 2
+
+
 def test_a_metrics_port_in_use_stops_the_workers_before_they_start():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         busy = taken.getsockname()[1]
