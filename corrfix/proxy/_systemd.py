@@ -6,8 +6,8 @@ The protocol is one datagram of ``KEY=VALUE`` lines to the unix socket named by
 ``RELOADING=1`` then ``READY=1`` around a SIGHUP re-opening its files. A proxy's (or a
 worker's) ``READY=1`` carries ``X_CORRFIX_ENDPOINT=HOST:PORT`` when it serves health: that is
 how a worker tells its supervisor the port the kernel gave it (systemd ignores variables it
-does not know). Without the variable nothing is sent; a failing send is logged and never stops the
-proxy.
+does not know). Without the variable nothing is sent; a failing send is logged and never
+stops the proxy.
 """
 
 from __future__ import annotations
