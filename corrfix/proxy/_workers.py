@@ -159,7 +159,7 @@ class WorkerNotifications:
 
     def __init__(self) -> None:
         self._receiver = NotifyReceiver()
-        self._ready: set[int | None] = set()
+        self._ready: set[int] = set()
         self._announced = False
         self.endpoints: dict[int, Address] = {}
         """Per worker pid, where it said it serves."""
@@ -214,13 +214,10 @@ def run_workers(
     # A worker's own endpoint serves what the supervisor's does: metrics, or health alone.
     endpoint_kind = ("metrics" if metrics is not None else "admin") if served else None
     command = [sys.executable, "-m", "corrfix", "proxy", *argv, "--workers", "1", "--reuse-port"]
-    started: list[float] = []
+    started = [0.0] * workers  # when each worker was last started
 
     def start(index: int) -> subprocess.Popen[bytes]:
-        if index < len(started):
-            started[index] = time.monotonic()
-        else:
-            started.append(time.monotonic())
+        started[index] = time.monotonic()
         return subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
 
     health = WorkersHealth(endpoints)
