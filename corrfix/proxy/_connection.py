@@ -1,7 +1,8 @@
 """One client connection and its broker connection: connect, then relay through the engine or tasks.
 
 trio accepts, runs the TLS handshakes and connects upstream here. A plaintext connection is
-then handed to the process's relay engine (proxy/_engine.py); a TLS one (or every one, with
+then handed to the process's relay engine (proxy/_engine.py), and its task ends: the engine
+calls :meth:`ProxyConnection.abandon` when it is done. A TLS one (or every one, with
 ``engine`` off in the config) is relayed by five tasks of its own. Both carry out the same
 core's decisions and report to the same sinks (proxy/_sinks.py).
 """
@@ -9,6 +10,7 @@ core's decisions and report to the same sinks (proxy/_sinks.py).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import structlog
 import trio
@@ -47,12 +49,14 @@ class ProxyConnection:
         "_client_reader_scope",
         "_decided",
         "_drain_requested",
+        "_on_closed",
         "_relay_scope",
         "_relayed",
         "_socket",
         "_state_changed",
         "_timer_scope",
         "_upstream_reader_scope",
+        "_upstream_stream",
         "client",
         "config",
         "conn_id",
@@ -88,8 +92,12 @@ class ProxyConnection:
         upstream: Address | None = None,
         router: ClusterRouter | None = None,
         metrics: ProxyMetrics | None = None,
+        on_closed: Callable[[ProxyConnection, Exception | None], None],
     ) -> None:
         self._socket = client
+        # Told when a connection the engine took is closed (run() has returned by then).
+        self._on_closed = on_closed
+        self._upstream_stream: trio.SocketStream | None = None
         self.client: trio.abc.Stream = client  # the TLS stream over it, once accepted
         self.upstream = upstream or config.upstream
         self.conn_id = conn_id
@@ -119,21 +127,23 @@ class ProxyConnection:
     def repairs(self) -> Counter[str]:
         return self.sinks.repairs
 
-    async def run(self) -> None:
+    async def run(self) -> bool:
+        """Accept, connect and relay. Returns True once the engine has the connection: it is
+        then over when ``on_closed`` is called, not when this returns."""
         # The client's TLS handshake comes first: a client that fails it costs no upstream connection.
         client = await accept_client(self._socket, self.config.tls, self.config.connect_timeout, self.log)
         if client is None:
             await trio.aclose_forcefully(self._socket)
-            return
+            return False
         self.client = client
         upstream = await self._connect_upstream()
         if upstream is None:
             await self.client.aclose()
-            return
+            return False
         self.log.info("connection opened", upstream=str(self.upstream))
         if self.observer is not None:
             self.observer.connection_opened(self.conn_id, self._client_peer, peer_name(upstream))
-        self.core = ConnectionCore(
+        core = self.core = ConnectionCore(
             self.config.connection,
             self.machine,
             trio.current_time(),
@@ -144,40 +154,61 @@ class ProxyConnection:
             upstream_known_plaintext=self._upstream_known_plaintext,  # a bound method: no closure kept
             record_frames=self.observer is not None,
         )
+        if (
+            self.config.engine
+            and isinstance(self.client, trio.SocketStream)
+            and isinstance(upstream, trio.SocketStream)
+        ):
+            # Plaintext both ways: the process's engine relays, and no task waits for it.
+            self._upstream_stream = upstream
+            linger = self.config.close_linger
+            self._relayed = current_engine().adopt(
+                core, self.client, upstream, self.sinks, close_linger=linger, on_end=self.abandon
+            )
+            if self._drain_requested:
+                self.drain()
+            return True
         try:
-            if (
-                self.config.engine
-                and isinstance(self.client, trio.SocketStream)
-                and isinstance(upstream, trio.SocketStream)
-            ):
-                await self._relay_in_engine(self.core, self.client, upstream)
-            else:
-                await self._relay_in_tasks(upstream)
+            await self._relay_in_tasks(upstream)
         finally:
             # Also when the proxy itself is stopping and this connection is cancelled.
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(upstream)
                 await trio.aclose_forcefully(self.client)
-            reason = self.core.closed().reason
-            if self.observer is not None:
-                self.observer.connection_closed(self.conn_id, reason)
-            outstanding = self.machine.outstanding
-            self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
+            self._report_closed()
+        return False
+
+    def abandon(self) -> None:
+        """Close a connection the engine relays, in trio's thread: when the engine is done with
+        it, or when the proxy stops (the engine forgets it first). Once; never raises."""
+        relayed, upstream = self._relayed, self._upstream_stream
+        if relayed is None or upstream is None:
+            return
+        self._upstream_stream = None
+        relayed.on_end = None
+        error = relayed.error
+        try:
+            relayed.forget()
+            upstream.socket.close()
+            self._socket.socket.close()
+            self._report_closed()
+        except Exception as exc:  # a bug here must cost this connection only
+            error = error or exc
+        try:
+            self._on_closed(self, error)
+        except Exception:  # in a trio callback, where an exception would end the run
+            log.exception("internal error after a connection closed", connection=self.conn_id)
+
+    def _report_closed(self) -> None:
+        assert self.core is not None
+        reason = self.core.closed().reason
+        if self.observer is not None:
+            self.observer.connection_closed(self.conn_id, reason)
+        outstanding = self.machine.outstanding
+        self.log.info("connection closed", reason=reason, outstanding=outstanding, **dict(self.repairs))
 
     def _upstream_known_plaintext(self) -> bool:
         return self.upstream in self.stats.answering_upstreams
-
-    async def _relay_in_engine(
-        self, core: ConnectionCore, client: trio.SocketStream, upstream: trio.SocketStream
-    ) -> None:
-        """Plaintext both ways: the process's engine relays; this task waits until it is over."""
-        relayed = current_engine().adopt(
-            core, client, upstream, self.sinks, close_linger=self.config.close_linger
-        )
-        self._relayed = relayed
-        if self._drain_requested:
-            self.drain()
-        await relayed.finished()
 
     async def _relay_in_tasks(self, upstream: trio.abc.Stream) -> None:
         """TLS on a side (or the engine switched off): five tasks of the connection's own."""

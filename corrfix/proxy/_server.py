@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
+import os
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 
 import structlog
 import trio
@@ -19,6 +22,9 @@ from corrfix.proxy._streams import peer_name
 from corrfix.proxy._tls import contexts
 
 LISTEN_BACKLOG = 1024
+ACCEPT_RETRY = 0.1
+"""Seconds to wait before accepting again when the process or machine is out of sockets or memory."""
+_OUT_OF_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 log = structlog.get_logger("corrfix.proxy")
 
 
@@ -48,6 +54,9 @@ class Proxy:
         if config.tls is not None:
             contexts(config.tls)  # a missing or bad TLS file stops the proxy here, not per connection
         self._live: set[ProxyConnection] = set()
+        self._in_engine: set[ProxyConnection] = set()  # relayed by the engine, with no task of their own
+        self._live_changed = trio.lowlevel.ParkingLot()
+        self._closed_all = False  # the engine's connections were closed as the proxy stopped
         if metrics is not None:
             metrics.track_live(
                 lambda: sum(c.machine.outstanding for c in list(self._live)),
@@ -85,8 +94,9 @@ class Proxy:
                     self._nursery = nursery
                     self._token = trio.lowlevel.current_trio_token()
                     self._trio_thread = threading.get_ident()
-                    serve = functools.partial(trio.serve_listeners, handler_nursery=connections)
-                    await nursery.start(serve, self._handle, listeners)
+                    connections.start_soon(self._close_engine_connections_at_the_end)
+                    for listener in listeners:
+                        nursery.start_soon(self._accept, listener, self._handle)
                     task_status.started(bound)
         log.info("proxy drained" if self._listening.cancel_called else "proxy stopped serving")
 
@@ -94,6 +104,7 @@ class Proxy:
         """Stop accepting; let each connection finish what it owes, for at most ``timeout``."""
         log.info("draining", connections=len(self._live), timeout=timeout)
         self._listening.cancel()
+        self._live_changed.unpark_all()
         for connection in list(self._live):
             connection.drain()
         scope = self._connections.cancel_scope
@@ -129,14 +140,35 @@ class Proxy:
         bound = int(sock.getsockname()[1])
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)
-        serve = functools.partial(trio.serve_listeners, handler_nursery=self._connections)
-        start = functools.partial(self._nursery.start_soon, serve, handler, [listener])
+        start = functools.partial(self._nursery.start_soon, self._accept, listener, handler)
         if threading.get_ident() == self._trio_thread:
             start()
         else:  # met in an answer the relay engine's thread relayed; the socket listens already
             self._token.run_sync_soon(start)
         log.info("broker listener", node_id=node_id, listen=str(Address(host, bound)))
         return bound
+
+    async def _accept(
+        self, listener: trio.SocketListener, handler: Callable[[trio.SocketStream], Awaitable[None]]
+    ) -> None:
+        """Accept from one listener until the proxy stops listening; each client gets a task in
+        the connections' nursery, which it leaves when the engine takes the connection over."""
+        async with listener:
+            while True:
+                try:
+                    client = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _OUT_OF_CAPACITY:
+                        raise
+                    log.error(
+                        "cannot accept, retrying",
+                        error=os.strerror(exc.errno),
+                        errno=errno.errorcode[exc.errno],
+                        retry_in=ACCEPT_RETRY,
+                    )
+                    await trio.sleep(ACCEPT_RETRY)
+                else:
+                    self._connections.start_soon(handler, client)
 
     async def _handle(self, client: trio.SocketStream, node_id: int | None = None) -> None:
         if self.stats.connections_active >= self.config.max_connections or self._listening.cancel_called:
@@ -158,6 +190,7 @@ class Proxy:
         upstream = self.config.upstream
         if node_id is not None and self.router is not None:
             upstream = self.router.upstream_for(node_id, upstream)
+        handed_over = False
         try:
             connection = ProxyConnection(
                 client,
@@ -168,16 +201,46 @@ class Proxy:
                 upstream=upstream,
                 router=self.router,
                 metrics=self.metrics,
+                on_closed=self._closed_in_engine,
             )
             self._live.add(connection)
-            await connection.run()
+            handed_over = await connection.run()
+            if handed_over:
+                # Its close is reported soon, not now, so it is in the set by then.
+                self._in_engine.add(connection)
+                if self._closed_all:  # connected as the proxy stopped: nobody else will close it
+                    connection.abandon()
         except Exception:
             # A bug must cost one connection, never the proxy and everyone else on it.
             log.exception("internal error, connection closed", connection=conn_id)
             await trio.aclose_forcefully(client)
         finally:
-            if connection is not None:
-                self._live.discard(connection)
-            self.stats.connections_active -= 1
-            if self.metrics is not None:
-                self.metrics.connections_active.dec()
+            if not handed_over:
+                self._ended(connection)  # first: the close below raises if the proxy is stopping
+                await trio.aclose_forcefully(client)
+
+    def _closed_in_engine(self, connection: ProxyConnection, error: Exception | None) -> None:
+        """A connection the engine relayed is closed (trio's thread)."""
+        if error is not None:
+            log.error("internal error, connection closed", connection=connection.conn_id, exc_info=error)
+        self._in_engine.discard(connection)
+        self._ended(connection)
+
+    def _ended(self, connection: ProxyConnection | None) -> None:
+        if connection is not None:
+            self._live.discard(connection)
+        self.stats.connections_active -= 1
+        if self.metrics is not None:
+            self.metrics.connections_active.dec()
+        self._live_changed.unpark_all()
+
+    async def _close_engine_connections_at_the_end(self) -> None:
+        """No task waits for a connection in the engine: when the proxy stops, or a drain's time
+        is up, this one closes them. After a drain it waits until every connection is over."""
+        try:
+            while not (self._listening.cancel_called and not self._live):
+                await self._live_changed.park()
+        finally:
+            self._closed_all = True
+            for connection in list(self._in_engine):
+                connection.abandon()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import trio
 import trio.testing
 from prometheus_client import generate_latest
@@ -9,6 +12,7 @@ from structlog.testing import capture_logs
 
 from corrfix.core import Address, RepairConfig
 from corrfix.proxy import Proxy, ProxyConfig, ProxyMetrics
+from corrfix.proxy._server import ACCEPT_RETRY
 from protocol import ApiKey, FrameDecoder
 from protocol.testing import request_frame
 from tests.support.fake_broker import FakeBroker, answers, echo_answer, read_frames
@@ -161,6 +165,23 @@ async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
     assert 'corrfix_bytes_total{direction="request",side="client"}' in text
 
 
+async def start_watched_proxy(
+    nursery: trio.Nursery, broker_port: int, engine: bool
+) -> tuple[Proxy, int, trio.Event]:
+    """A proxy, its port, and an event set when its ``serve`` returns (after a drain)."""
+    config = ProxyConfig(
+        Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False, engine=engine
+    )
+    proxy = Proxy(config)
+    served = trio.Event()
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await proxy.serve(task_status=task_status)
+        served.set()
+
+    return proxy, (await nursery.start(serve))[0].port, served
+
+
 async def test_drain_stops_accepting_and_lets_outstanding_requests_finish(engine):
     release = trio.Event()
     received = trio.Event()
@@ -178,17 +199,7 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish(engine
     async with trio.open_nursery() as nursery:
         broker_listeners = await nursery.start(trio.serve_tcp, slow_broker, 0)
         broker_port = broker_listeners[0].socket.getsockname()[1]
-        config = ProxyConfig(
-            Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False, engine=engine
-        )
-        proxy = Proxy(config)
-        served = trio.Event()
-
-        async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            await proxy.serve(task_status=task_status)
-            served.set()
-
-        port = (await nursery.start(serve))[0].port
+        proxy, port, served = await start_watched_proxy(nursery, broker_port, engine)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 41, 41))
@@ -205,6 +216,139 @@ async def test_drain_stops_accepting_and_lets_outstanding_requests_finish(engine
         nursery.cancel_scope.cancel()
     assert refused
     assert got == [(41, 41)]
+
+
+def _tasks_under(name: str) -> int:
+    """How many trio tasks of this run run under a task called ``name``."""
+    count, tasks, under = 0, [trio.lowlevel.current_root_task()], []
+    while tasks:
+        task = tasks.pop()
+        children = [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+        (under if task.name == name else tasks).extend(children)
+    while under:
+        task = under.pop()
+        count += 1
+        under.extend(child for nursery in task.child_nurseries for child in nursery.child_tasks)
+    return count
+
+
+async def test_a_connection_in_the_engine_has_no_task_and_is_closed_when_the_proxy_stops():
+    broker = FakeBroker()
+    async with trio.open_nursery() as outer:
+        broker_port = await outer.start(broker.serve)
+        with trio.fail_after(10), capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                proxy, port = await start_proxy(nursery, broker_port)
+                serving = _tasks_under("corrfix.proxy._server.Proxy.serve")
+                streams = []
+                for cid in range(20):
+                    stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
+                    assert answers(await read_frames(stream, 1)) == [(cid, cid)]
+                    streams.append(stream)
+                assert proxy.stats.connections_active == 20
+                # Each connection's task ended when the engine took the connection over.
+                assert _tasks_under("corrfix.proxy._server.Proxy.serve") == serving
+                nursery.cancel_scope.cancel()
+            for stream in streams:
+                assert await stream.receive_some(100) == b""
+        outer.cancel_scope.cancel()
+    assert proxy.stats.connections_active == 0
+    closed = [entry for entry in logs if entry["event"] == "connection closed"]
+    assert len(closed) == 20 and {entry["reason"] for entry in closed} == {"proxy stopping"}
+
+
+async def test_a_drain_whose_time_is_up_closes_what_is_left(engine):
+    """The broker never answers: at the drain's deadline the connection is closed and serve returns."""
+    broker = FakeBroker(lambda index, api_key: "lose")
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        proxy, port, served = await start_watched_proxy(nursery, broker_port, engine)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 7, 7))
+            while not broker.requests:
+                await trio.sleep(0.01)
+            with capture_logs() as logs:
+                proxy.drain(timeout=0.2)
+                await served.wait()
+            assert await stream.receive_some(100) == b""
+        nursery.cancel_scope.cancel()
+    assert proxy.stats.connections_active == 0
+    assert [(e["reason"], e["outstanding"]) for e in logs if e["event"] == "connection closed"] == [
+        ("proxy stopping", 1)
+    ]
+
+
+class _ObserverFailingAtClose:
+    snaplen = 0
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        pass
+
+    def events(self, connection: str, events: object) -> None:
+        pass
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        raise RuntimeError("observer bug at close")
+
+
+async def test_a_bug_at_a_connections_close_is_logged_and_the_proxy_serves_on(engine):
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), engine=engine)
+        proxy = Proxy(config, observer=_ObserverFailingAtClose())
+        port = (await nursery.start(proxy.serve))[0].port
+        with trio.fail_after(10), capture_logs() as logs:
+            for cid in range(2):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, cid, cid))
+                assert answers(await read_frames(stream, 1)) == [(cid, cid)]
+                await stream.send_eof()
+                assert await stream.receive_some(100) == b""
+                while proxy.stats.connections_active:
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    errors = [e for e in logs if e["event"] == "internal error, connection closed"]
+    assert [e["connection"] for e in errors] == ["c1", "c2"]
+
+
+class _ListenerOutOfSockets(trio.abc.Listener[trio.SocketStream]):
+    """Fails its first accept as a process out of file descriptors does, then accepts one client."""
+
+    def __init__(self, client: trio.SocketStream) -> None:
+        self.client, self.accepts = client, 0
+
+    async def accept(self) -> trio.SocketStream:
+        self.accepts += 1
+        if self.accepts == 1:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        if self.accepts == 2:
+            return self.client
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_accept_waits_out_a_process_out_of_sockets_and_goes_on(autojump_clock):
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 1)))
+    client = object()
+    handled: list[tuple[object, float]] = []
+
+    async def handler(stream: object) -> None:
+        handled.append((stream, trio.current_time()))
+
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            proxy._connections = nursery
+            nursery.start_soon(proxy._accept, _ListenerOutOfSockets(client), handler)  # type: ignore[arg-type]
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+    assert handled == [(client, ACCEPT_RETRY)]
+    assert [e["errno"] for e in logs if e["event"] == "cannot accept, retrying"] == ["EMFILE"]
 
 
 async def test_idle_connections_are_closed(mock_clock, engine):
