@@ -37,6 +37,16 @@ def _command_line(command: list[str]) -> str | None:
     return text.splitlines()[0] if text else None
 
 
+def _git(here: str, *args: str) -> str | None:
+    """git's first line of output in ``here``; None without git or outside a checkout (an
+    exported tree), where its error message is no commit."""
+    if shutil.which("git") is None:
+        return None
+    done = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, check=False)
+    text = done.stdout.strip() if done.returncode == 0 else ""
+    return text.splitlines()[0] if text else None
+
+
 def _os_name() -> str:
     try:
         return platform.freedesktop_os_release().get("PRETTY_NAME", platform.platform())
@@ -51,8 +61,8 @@ def load_average() -> list[float]:
 def describe() -> dict[str, object]:
     mem_kib = _first("/proc/meminfo", "MemTotal")
     here = str(Path(__file__).parent)
-    commit = _command_line(["git", "-C", here, "rev-parse", "--short", "HEAD"])
-    if commit and _command_line(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"]):
+    commit = _git(here, "rev-parse", "--short", "HEAD")
+    if commit and _git(here, "status", "--porcelain", "--untracked-files=no"):
         commit += "-dirty"  # the run measured code that is not in that commit
     return {
         "cpu": _first("/proc/cpuinfo", "model name") or platform.processor(),

@@ -162,9 +162,14 @@ class ProxyConnection:
             # Plaintext both ways: the process's engine relays, and no task waits for it.
             self._upstream_stream = upstream
             linger = self.config.close_linger
-            self._relayed = current_engine().adopt(
-                core, self.client, upstream, self.sinks, close_linger=linger, on_end=self.abandon
-            )
+            try:
+                self._relayed = current_engine().adopt(
+                    core, self.client, upstream, self.sinks, close_linger=linger, on_end=self.abandon
+                )
+            except BaseException:  # the client is closed by the caller, which reports the error
+                upstream.socket.close()
+                self._report_closed()
+                raise
             if self._drain_requested:
                 self.drain()
             return True
@@ -186,9 +191,10 @@ class ProxyConnection:
             return
         self._upstream_stream = None
         relayed.on_end = None
-        error = relayed.error
+        error: Exception | None = None
         try:
             relayed.forget()
+            error = relayed.error  # after forget: the engine's thread may have failed it just now
             upstream.socket.close()
             self._socket.socket.close()
             self._report_closed()

@@ -280,11 +280,17 @@ class RelayEngine:
             self._sides[relayed.client.fd] = relayed.client
             self._sides[relayed.upstream.fd] = relayed.upstream
             if not self._running:
+                try:
+                    if self._threaded:
+                        self._start_thread()
+                    else:
+                        trio.lowlevel.spawn_system_task(self._run, name="corrfix relay engine")
+                except BaseException:
+                    # Out of descriptors or threads: this connection fails, and the next one
+                    # tries again, rather than joining an engine that never runs.
+                    self._release(relayed)
+                    raise
                 self._running = True
-                if self._threaded:
-                    self._start_thread()
-                else:
-                    trio.lowlevel.spawn_system_task(self._run, name="corrfix relay engine")
             self._apply(relayed, None)
         return relayed
 
@@ -321,14 +327,21 @@ class RelayEngine:
     def _start_thread(self) -> None:
         epoll = self._epoll
         assert epoll is not None
-        wake_fd = self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        epoll.register(wake_fd, select.EPOLLIN)
+        wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._waiting_until = -math.inf
         thread = threading.Thread(
             target=self._serve_forever, args=(epoll, wake_fd), name="corrfix relay engine", daemon=True
         )
+        try:
+            epoll.register(wake_fd, select.EPOLLIN)
+            thread.start()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                epoll.unregister(wake_fd)
+            os.close(wake_fd)
+            raise
+        self._wake_fd = wake_fd
         self._thread = thread
-        thread.start()
         if not self._guarded:
             self._guarded = True
             trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")

@@ -114,7 +114,8 @@ class Proxy:
         hosts = {self.config.listen.host, LOOPBACK, "localhost"}
         if self.router is not None:
             hosts.add(self.router.advertised_host)
-        return {Address(host, port) for host in hosts for port in self._ports}
+        ports = tuple(self._ports)  # one step under the GIL: the engine's thread may add a port
+        return {Address(host, port) for host in hosts for port in ports}
 
     def _bound_listener(self, host: str, port: int) -> trio.SocketListener:
         """A listening socket; shared with the other workers (SO_REUSEPORT) when there are any."""
@@ -140,7 +141,14 @@ class Proxy:
         bound = int(sock.getsockname()[1])
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)
-        start = functools.partial(self._nursery.start_soon, self._accept, listener, handler)
+
+        def start() -> None:
+            try:
+                self._nursery.start_soon(self._accept, listener, handler)
+            except RuntimeError:  # the proxy stopped listening (a drain) while the answer was relayed
+                listener.socket.close()
+                log.info("broker listener not started: the proxy has stopped listening", node_id=node_id)
+
         if threading.get_ident() == self._trio_thread:
             start()
         else:  # met in an answer the relay engine's thread relayed; the socket listens already
@@ -232,7 +240,8 @@ class Proxy:
         self.stats.connections_active -= 1
         if self.metrics is not None:
             self.metrics.connections_active.dec()
-        self._live_changed.unpark_all()
+        if self._listening.cancel_called:  # only a drain waits for the last connection
+            self._live_changed.unpark_all()
 
     async def _close_engine_connections_at_the_end(self) -> None:
         """No task waits for a connection in the engine: when the proxy stops, or a drain's time

@@ -42,6 +42,7 @@ class FakeBroker:
     script: Script = _always_answer
     requests: list[tuple[int, int]] = field(default_factory=list)  # (api key, correlation id)
     connections: int = 0
+    ended: int = 0  # connections the broker has seen end (its side then closes)
     port: int = 0
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -52,6 +53,12 @@ class FakeBroker:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
+        try:
+            await self._answer(stream)
+        finally:
+            self.ended += 1
+
+    async def _answer(self, stream: trio.SocketStream) -> None:
         decoder = FrameDecoder()
         index = 0
         async with stream:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
+import pytest
 import trio
 import trio.testing
 from prometheus_client import generate_latest
@@ -312,6 +313,59 @@ async def test_a_bug_at_a_connections_close_is_logged_and_the_proxy_serves_on(en
         nursery.cancel_scope.cancel()
     errors = [e for e in logs if e["event"] == "internal error, connection closed"]
     assert [e["connection"] for e in errors] == ["c1", "c2"]
+
+
+async def test_an_engine_that_cannot_start_fails_one_connection_and_the_next_is_relayed(monkeypatch):
+    """The engine's first start runs out of descriptors: that connection is closed on both
+    sides and reported closed, and the next connection starts the engine and is relayed."""
+    eventfd = os.eventfd
+    calls: list[int] = []
+
+    def out_of_descriptors_once(*args: int) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return eventfd(*args)
+
+    monkeypatch.setattr(os, "eventfd", out_of_descriptors_once)
+    broker = FakeBroker()
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            proxy, port = await start_pair(nursery, broker, engine=True)
+            with trio.fail_after(10):
+                first = await trio.open_tcp_stream("127.0.0.1", port)
+                await first.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                assert await read_frames(first, 1) == []  # closed (reset: its request was unread)
+                second = await trio.open_tcp_stream("127.0.0.1", port)
+                await second.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
+                assert answers(await read_frames(second, 1)) == [(2, 2)]
+                while broker.ended < 1:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    events = [(e["event"], e.get("connection")) for e in logs]
+    assert ("internal error, connection closed", "c1") in events
+    assert ("connection closed", "c1") in events
+    assert proxy.stats.connections_active == 0
+
+
+async def test_a_broker_listener_met_after_the_proxy_stopped_listening_is_not_started():
+    """A Metadata answer relayed during a drain can name a broker not seen before: its
+    listener is bound from the engine's thread, but nothing accepts on it any more."""
+    broker = FakeBroker(lambda index, api_key: "lose")
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=True)
+        proxy = Proxy(config)
+        await nursery.start(proxy.serve)
+        with trio.fail_after(10), capture_logs() as logs:
+            proxy.drain(timeout=5)
+            await trio.sleep(0)  # the accept loops end
+            port = await trio.to_thread.run_sync(proxy._bind_broker_listener, 7, 0)
+            while not [e for e in logs if e["event"].startswith("broker listener not started")]:
+                await trio.sleep(0.01)
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.1", port)
+        nursery.cancel_scope.cancel()
 
 
 class _ListenerOutOfSockets(trio.abc.Listener[trio.SocketStream]):
