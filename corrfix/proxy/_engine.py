@@ -30,8 +30,8 @@ its ``on_end`` closes it: no task waits for a connection in the engine.
 The core's decisions are carried out as the per-connection tasks (proxy/_connection.py,
 still used for TLS) carry them out: the same half-close with ``shutdown(SHUT_WR)``, the same
 close grace and linger, the same discarding of a client's input after the proxy's end of
-stream, the same log lines and close reasons. Sockets are closed by the connection's own
-task, which waits in :meth:`Relayed.finished` meanwhile, and only once the core says so.
+stream, the same log lines and close reasons. Sockets are closed in trio's thread, by the
+connection's ``on_end``, and only once the core says so.
 """
 
 from __future__ import annotations
@@ -114,11 +114,10 @@ class _Side:
 
 class Relayed:
     """A connection the engine relays. When it is over, the engine calls its ``on_end`` in
-    trio's thread, or wakes a task waiting in :meth:`finished`."""
+    trio's thread."""
 
     __slots__ = (
         "_engine",
-        "_waiter",
         "client",
         "close_linger",
         "core",
@@ -145,12 +144,12 @@ class Relayed:
         upstream: trio.SocketStream,
         sinks: ConnectionSinks,
         close_linger: float,
-        on_end: Callable[[], None] | None = None,
+        on_end: Callable[[], None],
     ) -> None:
         self._engine = engine
-        # Called once, in trio's thread, when the connection is over. With it, no task need
-        # wait for the connection: a task and its frames would cost each idle one 2.7 KiB.
-        self.on_end = on_end
+        # Called once, in trio's thread, when the connection is over, to close its sockets. No
+        # task waits for the connection: a task and its frames cost an idle one 2.7 KiB.
+        self.on_end: Callable[[], None] | None = on_end
         self.core = core
         self.sinks = sinks
         self.close_linger = close_linger
@@ -163,48 +162,13 @@ class Relayed:
         self.discarded = 0
         self.scheduled = math.inf  # time of this connection's live entry in the heap
         self.dirty = False  # its deadline is to be read at the end of the current pass
-        # A task in finished() (tests), woken by the engine directly: a trio.Event (its set
-        # of waiters and their closures) would cost each idle connection about 0.7 KiB more.
-        self._waiter: trio.lowlevel.Task | None = None
         self.error: Exception | None = None
         self.over = False
         self.released = False
 
-    async def finished(self) -> None:
-        """Wait until the connection is over; if cancelled, the engine forgets it first, so its
-        sockets can be closed. An internal error of the engine's on this connection is raised here."""
-        try:
-            if self.over:
-                await trio.lowlevel.checkpoint()
-            else:
-                self._waiter = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
-        finally:
-            self._engine.forget(self)
-        if self.error is not None:
-            raise self.error
-
     def forget(self) -> None:
         """Take the connection out of the engine (it may be over already), before its sockets close."""
         self._engine.forget(self)
-
-    def _abort_wait(self, _raise_cancel: object) -> trio.lowlevel.Abort:
-        self._waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def wake(self) -> None:
-        """The connection is over: its ``on_end`` runs, or its task waiting in :meth:`finished`."""
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            trio.lowlevel.reschedule(waiter)
-        on_end, self.on_end = self.on_end, None
-        if on_end is not None:
-            # Soon, not now: the engine may be inside a pass over the ready sockets, or hold its lock.
-            trio.lowlevel.current_trio_token().run_sync_soon(on_end)
-
-    def wake_from_thread(self, token: trio.lowlevel.TrioToken) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self.wake)
 
     def apply(self, change: Callable[[float], None]) -> None:
         """Change the core from outside the engine (a drain: ``core.drain``, given ``now``) and
@@ -265,10 +229,10 @@ class RelayEngine:
         sinks: ConnectionSinks,
         *,
         close_linger: float,
-        on_end: Callable[[], None] | None = None,
+        on_end: Callable[[], None],
     ) -> Relayed:
         """Relay this connection from now on. When it is over, ``on_end`` is called in trio's
-        thread; without one, a task awaits :meth:`Relayed.finished`."""
+        thread, once, to close its sockets."""
         relayed = Relayed(self, core, client, upstream, sinks, close_linger, on_end)
         if self._clock is None:
             self._clock = trio.lowlevel.current_clock()
@@ -765,16 +729,17 @@ class RelayEngine:
     # -- the end of a connection ---------------------------------------------------------
 
     def _end(self, relayed: Relayed) -> None:
-        """The connection is over: its ``on_end`` (or waiting task) closes both sockets."""
+        """The connection is over: its ``on_end`` closes both sockets, in trio's thread, soon: not
+        now, as the engine may be inside a pass over the ready sockets, or hold its lock."""
         if relayed.over:
             return
         relayed.over = True
         self._release(relayed)
-        if self._thread is not None and threading.get_ident() == self._thread_id:
+        on_end, relayed.on_end = relayed.on_end, None
+        if on_end is not None:
             assert self._token is not None
-            relayed.wake_from_thread(self._token)
-        else:
-            relayed.wake()
+            with contextlib.suppress(trio.RunFinishedError):  # the process is ending anyway
+                self._token.run_sync_soon(on_end)
 
     def _fail(self, relayed: Relayed, exc: Exception) -> None:
         """A bug met on one connection: it is closed, and the error reported with its end."""

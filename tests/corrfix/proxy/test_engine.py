@@ -85,23 +85,35 @@ class Link:
         log = structlog.get_logger("corrfix.proxy").bind(connection=self.name)
         sinks = ConnectionSinks(self.name, log, ProxyStats(), Address(LOOPBACK, 9092), None, observer)  # type: ignore[arg-type]
         self.relayed = engine.adopt(
-            core, self.proxy_client, self.proxy_upstream, sinks, close_linger=config.close_linger
+            core,
+            self.proxy_client,
+            self.proxy_upstream,
+            sinks,
+            close_linger=config.close_linger,
+            on_end=self._close,
         )
-        nursery.start_soon(self._connection_task)
+        nursery.start_soon(self._closed_when_cancelled)
         return self.relayed
 
-    async def _connection_task(self) -> None:
-        """What the proxy's connection task does: wait until the engine is done, then close."""
+    def _close(self) -> None:
+        """What the proxy does, in trio's thread, when the engine is done or the proxy stops:
+        take the connection out of the engine and close both sockets."""
+        if self.over.is_set():
+            return
         assert self.relayed is not None
+        self.relayed.forget()
+        self.error = self.relayed.error
+        self.over_at = trio.current_time()
+        self.proxy_upstream.socket.close()
+        self.proxy_client.socket.close()
+        self.over.set()
+
+    async def _closed_when_cancelled(self) -> None:
+        """The proxy's task that closes what the engine still holds when the proxy stops."""
         try:
-            await self.relayed.finished()
-        except RuntimeError as exc:
-            self.error = exc
+            await self.over.wait()
         finally:
-            self.over_at = trio.current_time()
-            await trio.aclose_forcefully(self.proxy_upstream)
-            await trio.aclose_forcefully(self.proxy_client)
-            self.over.set()
+            self._close()
 
     @property
     def reason(self) -> str:
