@@ -167,11 +167,11 @@ async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
 
 
 async def start_watched_proxy(
-    nursery: trio.Nursery, broker_port: int, engine: bool
+    nursery: trio.Nursery, broker_port: int, engine: bool, *, rewrite: bool = False
 ) -> tuple[Proxy, int, trio.Event]:
     """A proxy, its port, and an event set when its ``serve`` returns (after a drain)."""
     config = ProxyConfig(
-        Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=False, engine=engine
+        Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=rewrite, engine=engine
     )
     proxy = Proxy(config)
     served = trio.Event()
@@ -351,15 +351,13 @@ async def test_an_engine_that_cannot_start_fails_one_connection_and_the_next_is_
 async def test_a_broker_listener_met_after_the_proxy_stopped_listening_is_not_started():
     """A Metadata answer relayed during a drain can name a broker not seen before: its
     listener is bound from the engine's thread, but nothing accepts on it any more."""
-    broker = FakeBroker(lambda index, api_key: "lose")
+    broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), rewrite=True)
-        proxy = Proxy(config)
-        await nursery.start(proxy.serve)
+        proxy, _, served = await start_watched_proxy(nursery, broker_port, engine=True, rewrite=True)
         with trio.fail_after(10), capture_logs() as logs:
             proxy.drain(timeout=5)
-            await trio.sleep(0)  # the accept loops end
+            await served.wait()  # no connection: every accept loop, and serve, has ended
             port = await trio.to_thread.run_sync(proxy._bind_broker_listener, 7, 0)
             while not [e for e in logs if e["event"].startswith("broker listener not started")]:
                 await trio.sleep(0.01)
