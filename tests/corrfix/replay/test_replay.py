@@ -206,7 +206,7 @@ async def test_causal_order_holds_across_connections(tmp_path):
 
 
 async def test_speed_scales_the_captured_gaps(tmp_path):
-    steps = exchange_steps(0, [api_versions(1)], 0) + exchange_steps(0, [metadata(2)], 400)
+    steps = exchange_steps(0, [api_versions(1)], 0) + exchange_steps(0, [metadata(2)], 800)
     capture = make_capture(tmp_path, steps)
     async with trio.open_nursery() as nursery:
         broker = await FakeBroker(standard).start(nursery)
@@ -214,8 +214,8 @@ async def test_speed_scales_the_captured_gaps(tmp_path):
         nursery.cancel_scope.cancel()
     result = report["_result"]
     first, second = result.outcomes
-    # 400 ms after the first request in the capture, at 4x: 100 ms after the replay began.
-    assert second.sent_ns - result.started_ns >= 99_900_000 > first.sent_ns - result.started_ns
+    # 800 ms after the first request in the capture, at 4x: 200 ms after the replay began.
+    assert second.sent_ns - result.started_ns >= 199_900_000 > first.sent_ns - result.started_ns
     assert report["speed"] == 4.0 and report["differences"] == []
 
 
