@@ -36,6 +36,7 @@ from corrfix.proxy import Proxy, ProxyConfig
 from protocol import ApiKey, FrameDecoder, frame, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, api_versions_answer, echo_answer, read_frames
+from tests.support.polling import wait_until
 
 # Answers from the echo broker are not real Kafka bodies: use an api key corrfix never decodes.
 MAX_FRAME = 1024 * 1024
@@ -186,12 +187,6 @@ def lines_about(logs: list[dict], peer: str, event: str) -> list[dict]:
 
 def set_reset_on_close(stream: trio.SocketStream) -> None:
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    """Poll a condition of the proxy's state; the caller's ``fail_after`` bounds the wait."""
-    while not predicate():
-        await trio.sleep(0.01)
 
 
 # -- the set-up every test shares ----------------------------------------------------------

@@ -17,6 +17,7 @@ from corrfix.proxy._server import ACCEPT_RETRY
 from protocol import ApiKey, FrameDecoder
 from protocol.testing import request_frame
 from tests.support.fake_broker import FakeBroker, answers, echo_answer, read_frames
+from tests.support.polling import wait_until
 from tests.support.relay import FAST_REPAIR, start_proxy
 
 # Answers from the echo broker are not real Kafka bodies, so use an api key whose answers
@@ -268,8 +269,7 @@ async def test_a_drain_whose_time_is_up_closes_what_is_left(engine):
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 7, 7))
-            while not broker.requests:
-                await trio.sleep(0.01)
+            await wait_until(lambda: broker.requests)
             with capture_logs() as logs:
                 proxy.drain(timeout=0.2)
                 await served.wait()
@@ -308,8 +308,7 @@ async def test_a_bug_at_a_connections_close_is_logged_and_the_proxy_serves_on(en
                 assert answers(await read_frames(stream, 1)) == [(cid, cid)]
                 await stream.send_eof()
                 assert await stream.receive_some(100) == b""
-                while proxy.stats.connections_active:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: not proxy.stats.connections_active)
         nursery.cancel_scope.cancel()
     errors = [e for e in logs if e["event"] == "internal error, connection closed"]
     assert [e["connection"] for e in errors] == ["c1", "c2"]
@@ -339,8 +338,7 @@ async def test_an_engine_that_cannot_start_fails_one_connection_and_the_next_is_
                 second = await trio.open_tcp_stream("127.0.0.1", port)
                 await second.send_all(request_frame(ApiKey.LIST_OFFSETS, 2, 2))
                 assert answers(await read_frames(second, 1)) == [(2, 2)]
-                while broker.ended < 1:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: broker.ended)
             nursery.cancel_scope.cancel()
     events = [(e["event"], e.get("connection")) for e in logs]
     assert ("internal error, connection closed", "c1") in events
@@ -359,8 +357,7 @@ async def test_a_broker_listener_met_after_the_proxy_stopped_listening_is_not_st
             proxy.drain(timeout=5)
             await served.wait()  # no connection: every accept loop, and serve, has ended
             port = await trio.to_thread.run_sync(proxy._bind_broker_listener, 7, 0)
-            while not [e for e in logs if e["event"].startswith("broker listener not started")]:
-                await trio.sleep(0.01)
+            await wait_until(lambda: any(e["event"].startswith("broker listener not started") for e in logs))
             with pytest.raises(OSError):
                 await trio.open_tcp_stream("127.0.0.1", port)
         nursery.cancel_scope.cancel()
