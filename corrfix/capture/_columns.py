@@ -115,8 +115,8 @@ class RowChunk:
     records: bytearray
     frames: memoryview
     connections: list[str]
-    run_slots: list[int]  # each extend's connection (an index into connections) ...
-    run_rows: list[int]  # ... and how many rows it added
+    run_slots: list[int]  # each run's connection (an index into connections) ...
+    run_rows: list[int]  # ... and how many consecutive rows it holds
     extras: list[tuple[int, *Extra]]  # the row's index first
     rows: int
     buffer: mmap.mmap
@@ -135,8 +135,8 @@ class RowChunk:
 
     def shared_spans(self) -> tuple[np.ndarray, np.ndarray] | None:
         """First and last row of each pair of rows sharing frame bytes (None: no such pair).
-        The rows of one ``extend`` are consecutive, with consecutive ``seq``, and a pair is
-        always within one, so the other row is as far away in the chunk as in ``seq``."""
+        The rows of one run are consecutive, with consecutive ``seq``, and a pair is always
+        within one, so the other row is as far away in the chunk as in ``seq``."""
         at = _FRAME_SEQ + 1
         shared = [(extra[0], extra[at]) for extra in self.extras if extra[at] is not None]
         if not shared:
@@ -165,6 +165,22 @@ def _first_bytes(
         total += len(pieces[count])
         count += 1
     return pieces[:count]
+
+
+def _first_runs(runs: list[tuple[str, int]], rows: int) -> list[tuple[str, int]]:
+    """The runs that hold the first ``rows`` rows, the last one cut to fit."""
+    kept: list[tuple[str, int]] = []
+    for connection, run in runs:
+        if rows <= 0:
+            break
+        kept.append((connection, min(run, rows)))
+        rows -= run
+    return kept
+
+
+def kinds_of(records: bytearray) -> Counter[str]:
+    """Rows per kind of packed records, for counting them lost."""
+    return _kinds(np.frombuffer(records, _DTYPE)["shape"])
 
 
 def _kinds(shapes: np.ndarray) -> Counter[str]:
@@ -212,15 +228,16 @@ class RowColumns:
 
     def extend(
         self,
-        connection: str,
+        runs: list[tuple[str, int]],
         records: bytearray,
         frames: list[bytes | bytearray | memoryview],
         extras: list[tuple[int, Extra]],
     ) -> None:
-        """Rows of one connection: their records packed by :data:`pack_row`, the bytes of
-        their frames in order (in pieces, already cut to the snap length; a row's pieces add
-        up to its record's size, and a row may span several), and what only some rows have,
-        by the row's index.
+        """Rows of one or more connections: which connection each run of consecutive rows is
+        of (a connection may have several runs), their records packed by :data:`pack_row`,
+        the bytes of their frames in order (in pieces, already cut to the snap length; a
+        row's pieces add up to its record's size, and a row may span several), and what only
+        some rows have, by the row's index.
         One lock and one bound check for them all; when they do not all fit, the first
         that fit are queued and the others lost."""
         rows = len(records) // RECORD_SIZE
@@ -237,9 +254,10 @@ class RowColumns:
                 dropped = True
                 records, frames, extras = self._fitting(records, rows, frames, extras)
                 rows = len(records) // RECORD_SIZE
+                runs = _first_runs(runs, rows)
                 stored = sum(map(len, frames))
                 size = ROW_OVERHEAD * rows + stored
-            wake = self._queue(connection, records, rows, frames, stored, extras, size) if rows else False
+            wake = self._queue(runs, records, rows, frames, stored, extras, size) if rows else False
         if dropped:
             self._maybe_warn()
         if wake and not self.wake.is_set():
@@ -275,7 +293,7 @@ class RowColumns:
 
     def _queue(
         self,
-        connection: str,
+        runs: list[tuple[str, int]],
         records: bytearray,
         rows: int,
         frames: list[bytes | bytearray | memoryview],
@@ -285,12 +303,14 @@ class RowColumns:
     ) -> bool:
         """Append the rows (the lock held); whether the writer should wake."""
         count = self._rows
-        slot = self._slots.get(connection)
-        if slot is None:
-            slot = self._slots[connection] = len(self._connections)
-            self._connections.append(connection)
-        self._run_slots.append(slot)
-        self._run_rows.append(rows)
+        slots = self._slots
+        for connection, run in runs:
+            slot = slots.get(connection)
+            if slot is None:
+                slot = slots[connection] = len(self._connections)
+                self._connections.append(connection)
+            self._run_slots.append(slot)
+            self._run_rows.append(run)
         self._records += records
         if frames:
             buffer, end = self._frames, self._end

@@ -8,7 +8,10 @@ and nothing depends on the order in which a shell reports. A received frame's ro
 head, copied by the core before the machine patched it, and the frame's own bytes after
 the head; a frame sent on in the same call is the same object, so it is known to be
 unchanged after its head without comparing bytes. The bytes are copied once, by the
-columns, before the call returns (the machine patches frames in place later). SASL v0
+columns. Outside an engine pass that happens before the call returns; within one
+(:meth:`Recorder.begin_pass`), the rows of all the pass's calls are queued at its end, in
+one step, and what a later call of the pass could still change is copied at once: the
+first bytes of a request sent upstream, where a re-send patches its id. SASL v0
 tokens, which have no header, are recognised by protocol's SASL v0 rule
 (:mod:`._sasl_v0`); neither they nor SaslAuthenticate bodies are stored (credentials).
 Sans-IO: rows go column by column to :class:`~corrfix.capture._columns.RowColumns`, clocks
@@ -41,6 +44,7 @@ from corrfix.capture._columns import (
     WARNING_INTERVAL,
     Extra,
     RowColumns,
+    kinds_of,
     pack_row,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
@@ -79,6 +83,9 @@ _REQUEST_HEAD = struct.Struct(">hhi")  # api key, api version, correlation id, a
 _RESPONSE_ID = struct.Struct(">i")  # correlation id, after the size
 _TOKEN: Extra = (None, None, None, SASL_TOKEN, None, None, None)  # the extra values of a SASL v0 token row
 _NO_SEND = (NULL, NULL, NULL)
+HELD_ROWS = 512
+"""Rows a pass may gather before they are queued anyway (a pass serves at most a few dozen
+receives, so this only bounds what an unusual one holds)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +144,31 @@ class Recorder:
         self._sent_lists: list[list[bytearray]] = []
         self._sent_ids: set[int] | None = None
         self._next_error = 0.0
+        # Rows packed but not queued yet: which connection each run of them is of, and how
+        # many rows and frame pieces the runs hold (the rest belong to the current call).
+        self._runs: list[tuple[str, int]] = []
+        self._run_rows = 0
+        self._run_pieces = 0
+        self._holding = False
+        self.passes_ended = 0
+
+    # -- engine passes -------------------------------------------------------------------
+
+    @property
+    def in_pass(self) -> bool:
+        """Whether a pass is gathering rows (they are queued when it ends)."""
+        return self._holding
+
+    def begin_pass(self) -> None:
+        """Gather rows until :meth:`end_pass`: one queue step for the whole pass."""
+        self._holding = True
+
+    def end_pass(self) -> None:
+        """Queue what the pass gathered (before saying the pass is over: a flush waits for it)."""
+        if self._runs:
+            self._queue_runs()
+        self._holding = False
+        self.passes_ended += 1
 
     # -- ConnectionObserver ------------------------------------------------------------
 
@@ -341,7 +373,14 @@ class Recorder:
             UPSTREAM_REQUEST,
             len(stored),
         )
-        self._frames.append(stored)
+        if self._holding:  # a re-send later in the pass patches the id in place: copy it now
+            if len(stored) <= HEADER_COPY:
+                self._frames.append(bytes(stored))
+            else:
+                head = _REQUEST_FIXED_HEADER
+                self._frames += (bytes(stored[:head]), memoryview(stored)[head:])
+        else:
+            self._frames.append(stored)
         if self._requests_in:
             received = self._requests_in.pop(id(frame), None)
             if received is not None:
@@ -462,24 +501,49 @@ class Recorder:
         self._frames.append(kept)
 
     def _abandon_call(self, events: Sequence[Event]) -> None:
-        """Drop what a failed call gathered, and count as lost every row its events would have
-        made, packed yet or not; say so at most every 10 s."""
+        """Drop what a failed call gathered (the pass's earlier calls keep theirs), and count
+        as lost every row its events would have made, packed yet or not; say so at most every
+        10 s."""
         lost = _rows_of(events)
-        self._records, self._frames, self._extras = bytearray(), [], []
+        kept = self._run_rows
+        del self._records[kept * RECORD_SIZE :]
+        del self._frames[self._run_pieces :]
+        self._extras = [extra for extra in self._extras if extra[0] < kept]
         self._requests_in.clear()
         self._answers_in.clear()
         self._sent_lists, self._sent_ids = [], None
         if lost:
             self._columns.count_lost(lost)
+        self._log_failure(sum(lost.values()))
+
+    def _log_failure(self, rows: int) -> None:
         now = time.monotonic()
         if now >= self._next_error:
             self._next_error = now + WARNING_INTERVAL
-            log.exception("capture rows could not be recorded, rows lost", rows=sum(lost.values()))
+            log.exception("capture rows could not be recorded, rows lost", rows=rows)
 
     def _release(self, connection: str) -> None:
-        records, frames, extras = self._records, self._frames, self._extras
-        self._records, self._frames, self._extras = bytearray(), [], []
-        self._columns.extend(connection, records, frames, extras)
+        """The call's rows are a run of this connection's; queued now, or at the pass's end."""
+        rows = len(self._records) // RECORD_SIZE
+        if rows > self._run_rows:
+            self._runs.append((connection, rows - self._run_rows))
+            self._run_rows = rows
+            self._run_pieces = len(self._frames)
+        if not self._holding or rows >= HELD_ROWS:
+            self._queue_runs()
+
+    def _queue_runs(self) -> None:
+        records, frames, extras, runs = self._records, self._frames, self._extras, self._runs
+        self._records, self._frames, self._extras, self._runs = bytearray(), [], [], []
+        self._run_rows = self._run_pieces = 0
+        if not runs:
+            return
+        try:
+            self._columns.extend(runs, records, frames, extras)
+        except Exception:  # a bug costs these rows (counted), never the relay
+            lost = kinds_of(records)
+            self._columns.count_lost(lost)
+            self._log_failure(sum(lost.values()))
 
 
 def _rows_of(events: Sequence[Event]) -> Counter[str]:

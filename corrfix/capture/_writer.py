@@ -103,6 +103,7 @@ class CaptureWriter:
         self._thread = threading.Thread(target=self._run, name="corrfix-capture", daemon=True)
         self._progress = threading.Condition()
         self._processed = 0
+        self._pass_waiters = 0  # flush calls waiting for an engine pass to queue its rows
         self._stopping = False
         self._reopen = False
         self._ended = False
@@ -123,6 +124,16 @@ class CaptureWriter:
     def connection_closed(self, connection: str, reason: str) -> None:
         self._recorder.connection_closed(connection, reason)
 
+    def begin_pass(self) -> None:
+        """The relay engine starts a pass over its ready sockets: rows are queued at its end."""
+        self._recorder.begin_pass()
+
+    def end_pass(self) -> None:
+        self._recorder.end_pass()
+        if self._pass_waiters:
+            with self._progress:
+                self._progress.notify_all()
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> CaptureWriter:
@@ -136,10 +147,22 @@ class CaptureWriter:
         """Wait until every row queued before this call is written (or lost); False on timeout."""
         if not self._thread.is_alive():
             raise RuntimeError("the capture writer is not running")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._progress:  # rows an engine pass still gathers are queued at its end
+            self._pass_waiters += 1
+            try:
+                recorder, ended = self._recorder, self._recorder.passes_ended
+                if not self._progress.wait_for(
+                    lambda: not recorder.in_pass or recorder.passes_ended != ended, timeout
+                ):
+                    return False
+            finally:
+                self._pass_waiters -= 1
         target = self._queue.accepted
         self._queue.wake.set()
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._progress:
-            return self._progress.wait_for(lambda: self._processed >= target or self._ended, timeout)
+            return self._progress.wait_for(lambda: self._processed >= target or self._ended, left)
 
     def reopen(self) -> None:
         """Finish the current file now: the next rows go to a new file, in a directory made

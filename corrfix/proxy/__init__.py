@@ -12,7 +12,7 @@ from ._config_sources import given_on_command_line, render_effective, setting_so
 from ._connection import ProxyConnection, ProxyStats
 from ._logs import configure_logging, reopen_log_file
 from ._metrics import ProxyMetrics
-from ._observer import ConnectionObserver
+from ._observer import ConnectionObserver, PassObserver
 from ._readiness import DEFAULT_READY_INTERVAL, DEFAULT_READY_STALE
 from ._server import ListenError, Proxy
 from ._service import ProxyService, open_admin
@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ConnectionObserver",
     "ListenError",
+    "PassObserver",
     "Proxy",
     "ProxyConfig",
     "ProxyConnection",

@@ -52,6 +52,7 @@ import structlog
 import trio
 
 from corrfix.core import CLOSE_GRACE, DISCARD_LIMIT, ConnectionCore
+from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks
 from corrfix.proxy._streams import FAIR_READS, Chunk, receive_buffer, send_frames, unsent
 
@@ -200,6 +201,8 @@ class RelayEngine:
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
         self._dirty: list[Relayed] | None = None  # during a pass: connections to schedule at its end
+        self._observers: dict[SerializedObserver, int] = {}
+        """Observers that gather a pass's reports, with how many live connections report to each."""
         self._running = False
         self._threaded = threaded
         self._lock = threading.Lock()
@@ -241,6 +244,9 @@ class RelayEngine:
             if self._epoll is None:
                 self._epoll = select.epoll()
             self._live.add(relayed)
+            observer = sinks.observer
+            if isinstance(observer, SerializedObserver) and observer.gathers_passes:
+                self._observers[observer] = self._observers.get(observer, 0) + 1
             self._sides[relayed.client.fd] = relayed.client
             self._sides[relayed.upstream.fd] = relayed.upstream
             if not self._running:
@@ -418,7 +424,26 @@ class RelayEngine:
         return self._serve(ready)
 
     def _serve(self, ready: list[tuple[int, int]]) -> int:
-        """Service these ready sockets once, then what is due; returns how many were ready."""
+        """Service these ready sockets once, then what is due; returns how many were ready.
+        Observers that gather a pass's reports (capture) are told where it begins and ends."""
+        if not self._observers:
+            return self._serve_ready(ready)
+        observers = list(self._observers)
+        for observer in observers:
+            try:
+                observer.begin_pass()
+            except Exception:  # an observer's bug costs its reports, never the connections
+                _log.exception("observer failed at the start of a relay pass")
+        try:
+            return self._serve_ready(ready)
+        finally:
+            for observer in observers:
+                try:
+                    observer.end_pass()
+                except Exception:  # an observer's bug costs its reports, never the connections
+                    _log.exception("observer failed at the end of a relay pass")
+
+    def _serve_ready(self, ready: list[tuple[int, int]]) -> int:
         if ready:
             self.passes += 1
         now = self._now()
@@ -751,6 +776,14 @@ class RelayEngine:
             return
         relayed.released = True
         self._live.discard(relayed)
+        observer = relayed.sinks.observer
+        count = self._observers.get(observer) if isinstance(observer, SerializedObserver) else None
+        if count is not None:
+            assert isinstance(observer, SerializedObserver)
+            if count > 1:
+                self._observers[observer] = count - 1
+            else:
+                del self._observers[observer]
         for side in (relayed.client, relayed.upstream):
             if self._sides.get(side.fd) is side:
                 del self._sides[side.fd]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from corrfix.capture._columns import (
     CLIENT_REQUEST,
     NULL,
+    RECORD_SIZE,
     REPAIR,
     ROW_OVERHEAD,
     SHAPES,
@@ -80,7 +81,7 @@ def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls,
             else:
                 lost[SHAPES[shape][0].value] += 1
             seq += 1
-        queue.extend(connection, records, frames, [])
+        queue.extend([(connection, len(records) // RECORD_SIZE)], records, frames, [])
 
     chunk = queue.take()
     assert chunk.rows == len(expected)
@@ -116,7 +117,7 @@ def test_a_calls_pieces_are_queued_in_order_joined_or_one_by_one(pieces_per_row)
         stored = sum(map(len, row_pieces))
         records += pack_row(seq, 0, 0, NULL, NULL, seq, NULL, stored, CLIENT_REQUEST, stored)
         pieces += row_pieces
-    queue.extend("a", records, pieces, [])
+    queue.extend([("a", len(records) // RECORD_SIZE)], records, pieces, [])
     written = record_batch(queue.take(), SCHEMA, "t", "proxy").to_pylist()
     assert [row["frame"] for row in written] == [b"".join(row_pieces) for row_pieces in pieces_per_row]
 
@@ -127,6 +128,6 @@ def test_a_closed_queue_takes_nothing_and_counts_everything():
     records = pack_row(0, 1, 2, 3, 4, 5, 6, 3, CLIENT_REQUEST, 3) + pack_row(
         1, 1, 2, 3, 4, 5, 6, NULL, REPAIR, -1
     )
-    queue.extend("a", bytearray(records), [b"abc"], [])
+    queue.extend([("a", len(records) // RECORD_SIZE)], bytearray(records), [b"abc"], [])
     assert queue.take().rows == 0
     assert queue.lost_by_kind == Counter({"frame": 1, "repair": 1})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corrfix.capture._columns import RowColumns, record_batch
 from corrfix.capture._recorder import Recorder
@@ -10,6 +12,7 @@ from corrfix.capture.format import Source, schema_for
 from protocol import ApiKey
 from protocol.testing import request_frame, response_frame
 from tests.support.capture_shell import Shell
+from tests.support.fake_broker import api_versions_answer
 
 
 def rows_of(columns: RowColumns) -> list[dict]:
@@ -66,3 +69,132 @@ def test_record_batch_refuses_frame_sizes_that_disagree_with_the_bytes_held():
     chunk.frames = memoryview(b"stray")  # bytes no record names
     with pytest.raises(ValueError, match="frame bytes"):
         record_batch(chunk, schema_for("t", Source.PROXY), "t", "proxy")
+
+
+# -- a pass's rows gathered and queued at its end -------------------------------------------
+
+
+def _padded(frame: bytearray, size: int) -> bytearray:
+    """The frame grown to ``size`` bytes after its size prefix, the prefix set to match."""
+    if size <= len(frame):
+        return frame
+    grown = frame + bytes(range(256)) * (size // 256 + 1)
+    grown = grown[:size]
+    grown[:4] = (size - 4).to_bytes(4, "big")
+    return grown
+
+
+_SIZES = st.sampled_from([0, 0, 700, 3000])  # 0: as small as it comes; above SHARED_MIN, stored once
+actions_drawn = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("send"),
+            st.lists(
+                st.tuples(st.sampled_from([ApiKey.METADATA, ApiKey.PRODUCE]), _SIZES), min_size=1, max_size=3
+            ),
+        ),
+        st.tuples(st.just("answer"), st.lists(st.tuples(st.integers(0, 7), _SIZES), min_size=1, max_size=3)),
+        st.tuples(st.just("tick")),
+        st.tuples(st.just("pass")),
+    ),
+    max_size=30,
+)
+
+
+def _run(actions: list[tuple], *, in_passes: bool) -> tuple[list[dict], int, list[bytes]]:
+    columns = RowColumns(max_rows=10_000, max_bytes=1 << 24)
+    recorder = Recorder(columns, snaplen=65536, wall_ns=lambda: 0, mono_ns=lambda: 0)
+    shell = Shell(recorder)
+    if in_passes:
+        recorder.begin_pass()
+    shell.open()
+    client_id, unanswered, answered = 0, [], 0
+    for action in actions:
+        if action[0] == "send":
+            frames = []
+            for api_key, size in action[1]:
+                frames.append(_padded(request_frame(api_key, client_id, client_id), size))
+                client_id += 1
+            shell.client_sends(*frames)
+        elif action[0] == "answer":
+            frames = []
+            for pick, size in action[1]:
+                if not unanswered:
+                    break
+                api_key, upstream_id = unanswered.pop(pick % len(unanswered))
+                if api_key == ApiKey.API_VERSIONS:  # a probe
+                    frames.append(api_versions_answer(upstream_id))
+                else:
+                    frames.append(_padded(response_frame(upstream_id, upstream_id), size))
+            if frames:
+                shell.broker_answers(*frames)
+        elif action[0] == "tick":
+            shell.tick(shell.now + 10.0)
+        elif in_passes:
+            recorder.end_pass()
+            recorder.begin_pass()
+        for frame in shell.sent[answered:]:
+            unanswered.append(
+                (int.from_bytes(frame[4:6], "big"), int.from_bytes(frame[8:12], "big", signed=True))
+            )
+        answered = len(shell.sent)
+    shell.close()
+    if in_passes:
+        rows_before_end = columns.accepted
+        recorder.end_pass()
+        assert rows_before_end < columns.accepted, "a pass's rows wait for its end"
+    return rows_of(columns), columns.lost, shell.sent
+
+
+@settings(max_examples=150, deadline=None)
+@given(actions=actions_drawn)
+def test_rows_gathered_over_passes_are_the_rows_recorded_call_by_call(actions):
+    """Re-sends patch a request's id in place, answers come in any order, probes go out: the
+    rows an engine pass gathers and queues at its end are exactly those queued call by call."""
+    by_call, lost, sent = _run(actions, in_passes=False)
+    by_pass, lost_in_passes, sent_in_passes = _run(actions, in_passes=True)
+    assert sent_in_passes == sent
+    assert lost == lost_in_passes == 0
+    assert by_pass == by_call
+
+
+def test_a_re_send_in_the_same_pass_leaves_the_first_sends_row_with_its_own_id():
+    columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
+    recorder = Recorder(columns, snaplen=65536)
+    shell = Shell(recorder)
+    shell.open()
+    recorder.begin_pass()
+    shell.client_sends(
+        _padded(request_frame(ApiKey.METADATA, 7, 0), 3000), request_frame(ApiKey.METADATA, 8, 1)
+    )
+    shell.broker_answers(response_frame(1, 1))  # the answer to upstream 0 is lost: re-sent as 2
+    assert [int.from_bytes(frame[8:12], "big") for frame in shell.sent] == [0, 1, 2]
+    assert columns.accepted == 1  # the open row, before the pass
+    recorder.end_pass()
+    upstream = [row for row in rows_of(columns) if (row["side"], row["direction"]) == ("upstream", "request")]
+    assert [row["upstream_correlation_id"] for row in upstream] == [0, 1, 2]
+    assert [int.from_bytes(row["frame"][8:12], "big") for row in upstream] == [0, 1, 2]
+    assert [len(row["frame"]) for row in upstream] == [3000, len(request_frame(ApiKey.METADATA, 8, 1)), 3000]
+
+
+def test_a_call_that_fails_inside_a_pass_loses_its_rows_and_keeps_the_pass_earlier_ones(monkeypatch):
+    columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
+    recorder = Recorder(columns, snaplen=65536)
+    shell = Shell(recorder)
+    recorder.begin_pass()
+    shell.open()
+    shell.client_sends(request_frame(ApiKey.METADATA, 7, 0))
+
+    def broken(self, *args):
+        raise RuntimeError("a bug in recording")
+
+    monkeypatch.setattr(Recorder, "_upstream_response", broken)
+    shell.broker_answers(response_frame(0, 0))
+    recorder.end_pass()
+    assert columns.lost == 2
+    rows = rows_of(columns)
+    assert [(row["kind"], row["side"], row["direction"]) for row in rows] == [
+        ("open", None, None),
+        ("frame", "client", "request"),
+        ("frame", "upstream", "request"),
+    ]

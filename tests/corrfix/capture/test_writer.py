@@ -152,6 +152,23 @@ def test_a_file_is_readable_up_to_its_last_flush_while_the_writer_runs(tmp_path)
     assert rows_of(tmp_path)[-1]["reason"] == "capture closed"  # c1 was still open
 
 
+def test_a_flush_waits_for_the_relay_pass_that_gathers_rows(tmp_path):
+    """Rows an engine pass gathers are queued at its end: a flush asked for meanwhile (the
+    client may already hold the answer) waits for that end, and then writes them."""
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+    try:
+        shell = Shell(writer)
+        shell.open()
+        writer.begin_pass()
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        assert not writer.flush(timeout=0.05)  # the pass is still open
+        writer.end_pass()
+        assert writer.flush(timeout=10)
+        assert [r["kind"] for r in rows_of(tmp_path)] == ["open", "frame", "frame"]
+    finally:
+        writer.close()
+
+
 def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
     writer = CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0).start()
     shell = Shell(writer)

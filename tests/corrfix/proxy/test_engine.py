@@ -31,10 +31,12 @@ from corrfix.core import (
     RepairMachine,
 )
 from corrfix.proxy._engine import Relayed, RelayEngine
+from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
 from protocol import ApiKey, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, echo_answer, read_frames
+from tests.support.polling import wait_until
 
 TEST_DEADLINE = 20.0
 """A hang guard around each test's network steps, not a timed assertion."""
@@ -81,7 +83,9 @@ class Link:
         observer: object = None,
     ) -> Relayed:
         config = config or ConnectionConfig()
-        core = ConnectionCore(config, RepairMachine(config.repair), trio.current_time())
+        core = ConnectionCore(
+            config, RepairMachine(config.repair), trio.current_time(), record_frames=observer is not None
+        )
         log = structlog.get_logger("corrfix.proxy").bind(connection=self.name)
         sinks = ConnectionSinks(self.name, log, ProxyStats(), Address(LOOPBACK, 9092), None, observer)  # type: ignore[arg-type]
         self.relayed = engine.adopt(
@@ -363,6 +367,62 @@ async def test_a_bug_on_one_connection_costs_that_connection_only(threaded):
         assert str(a.error) == "observer bug"
         assert not b.over.is_set() and engine.connections == 1
         nursery.cancel_scope.cancel()
+
+
+class PassCalls:
+    """An observer that gathers each pass's reports: it notes the engine's calls in order."""
+
+    snaplen = 0
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        pass
+
+    def events(self, connection: str, events: list[Event]) -> None:
+        self.calls.append(f"events {connection}")
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        pass
+
+    def begin_pass(self) -> None:
+        self.calls.append("begin")
+
+    def end_pass(self) -> None:
+        self.calls.append("end")
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
+async def test_an_observer_that_gathers_passes_hears_every_report_inside_one(threaded):
+    """One begin and one end per pass, however many connections report to the observer, and
+    every report of the engine's comes between the two."""
+    engine = RelayEngine(threaded=threaded)
+    inner = PassCalls()
+    observer = SerializedObserver(inner)
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        a.adopt(engine, nursery, observer=observer)
+        b.adopt(engine, nursery, observer=observer)
+        with trio.fail_after(TEST_DEADLINE):
+            for correlation_id in range(3):
+                await a.round_trip(correlation_id)
+                await b.round_trip(correlation_id)
+            await wait_until(lambda: inner.calls[-1:] == ["end"])
+        nursery.cancel_scope.cancel()
+    calls = inner.calls
+    assert calls.count("events a") >= 6 and calls.count("events b") >= 6  # each side of each trip
+    depth = 0
+    for call in calls:
+        if call == "begin":
+            assert depth == 0
+            depth = 1
+        elif call == "end":
+            assert depth == 1
+            depth = 0
+        else:
+            assert depth == 1, "a report outside a pass"
+    assert depth == 0
 
 
 # -- the engine's own thread -----------------------------------------------------------------
