@@ -167,15 +167,15 @@ def _first_bytes(
     return pieces[:count]
 
 
-def _first_runs(runs: list[tuple[str, int]], rows: int) -> list[tuple[str, int]]:
-    """The runs that hold the first ``rows`` rows, the last one cut to fit."""
-    kept: list[tuple[str, int]] = []
-    for connection, run in runs:
-        if rows <= 0:
-            break
-        kept.append((connection, min(run, rows)))
-        rows -= run
-    return kept
+def _next_bytes(
+    pieces: list[bytes | bytearray | memoryview], start: int, size: int
+) -> tuple[list[bytes | bytearray | memoryview], int]:
+    """The pieces from ``start`` on that hold the next ``size`` bytes, and where the rest begin."""
+    total, end = 0, start
+    while total < size:
+        total += len(pieces[end])
+        end += 1
+    return pieces[start:end], end
 
 
 def kinds_of(records: bytearray) -> Counter[str]:
@@ -238,8 +238,9 @@ class RowColumns:
         the bytes of their frames in order (in pieces, already cut to the snap length; a
         row's pieces add up to its record's size, and a row may span several), and what only
         some rows have, by the row's index.
-        One lock and one bound check for them all; when they do not all fit, the first
-        that fit are queued and the others lost."""
+        One lock and one bound check for them all; when they do not all fit, each run (one
+        call's rows) keeps its first rows that fit, in order, and loses the others, as if
+        each had been queued on its own."""
         rows = len(records) // RECORD_SIZE
         stored = sum(map(len, frames))
         size = ROW_OVERHEAD * rows + stored
@@ -252,9 +253,8 @@ class RowColumns:
                 or self._end + stored > self._capacity
             ):
                 dropped = True
-                records, frames, extras = self._fitting(records, rows, frames, extras)
+                runs, records, frames, extras = self._fitting(runs, records, rows, frames, extras)
                 rows = len(records) // RECORD_SIZE
-                runs = _first_runs(runs, rows)
                 stored = sum(map(len, frames))
                 size = ROW_OVERHEAD * rows + stored
             wake = self._queue(runs, records, rows, frames, stored, extras, size) if rows else False
@@ -265,31 +265,56 @@ class RowColumns:
 
     def _fitting(
         self,
+        runs: list[tuple[str, int]],
         records: bytearray,
         rows: int,
         frames: list[bytes | bytearray | memoryview],
         extras: list[tuple[int, Extra]],
-    ) -> tuple[bytearray, list[bytes | bytearray | memoryview], list[tuple[int, Extra]]]:
-        """The first rows that fit (the lock held); the others are counted as lost."""
+    ) -> tuple[
+        list[tuple[str, int]], bytearray, list[bytes | bytearray | memoryview], list[tuple[int, Extra]]
+    ]:
+        """Each run's first rows that fit, after the runs before it (the lock held); the
+        others are counted as lost. A run is one call's rows: a big row that does not fit
+        costs the rest of its own call, never another connection's rows."""
         table = np.frombuffer(records, _DTYPE, rows)
         copies = np.maximum(table["stored"], 0)
-        fits = (self._bytes + np.cumsum(ROW_OVERHEAD + copies) <= self.max_bytes) & (
-            self._end + np.cumsum(copies) <= self._capacity
-        )
-        fit = (
-            0
-            if self.closed
-            else min(rows if fits.all() else int(fits.argmin()), max(0, self.max_rows - self._rows))
-        )
-        self._lose(_kinds(table["shape"][fit:]), rows - fit)
-        seq = table["seq"]
-        # A row naming a row not queued (frame_seq) keeps its head alone.
-        kept = [
-            (i, extra)
-            for i, extra in extras
-            if i < fit and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - int(seq[i]) < fit)
-        ]
-        return records[: fit * RECORD_SIZE], _first_bytes(frames, int(copies[:fit].sum())), kept
+        seq, shapes = table["seq"], table["shape"]
+        kept_runs: list[tuple[str, int]] = []
+        kept_records = bytearray()
+        kept_frames: list[bytes | bytearray | memoryview] = []
+        kept_extras: list[tuple[int, Extra]] = []
+        used_rows, used_bytes, used_end = self._rows, self._bytes, self._end
+        start = piece = kept = 0
+        for connection, run in runs:
+            stop = start + run
+            run_copies = copies[start:stop]
+            fit = 0
+            if not self.closed:
+                fits = (used_bytes + np.cumsum(ROW_OVERHEAD + run_copies) <= self.max_bytes) & (
+                    used_end + np.cumsum(run_copies) <= self._capacity
+                )
+                fit = min(run if fits.all() else int(fits.argmin()), max(0, self.max_rows - used_rows))
+            run_pieces, piece = _next_bytes(frames, piece, int(run_copies.sum()))
+            if fit:
+                fit_bytes = int(run_copies[:fit].sum())
+                kept_runs.append((connection, fit))
+                kept_records += records[start * RECORD_SIZE : (start + fit) * RECORD_SIZE]
+                kept_frames += _first_bytes(run_pieces, fit_bytes)
+                # A row naming a row not queued (frame_seq) keeps its head alone.
+                kept_extras += [
+                    (kept + i - start, extra)
+                    for i, extra in extras
+                    if start <= i < start + fit
+                    and (extra[_FRAME_SEQ] is None or i + extra[_FRAME_SEQ] - int(seq[i]) < start + fit)
+                ]
+                used_rows += fit
+                used_bytes += ROW_OVERHEAD * fit + fit_bytes
+                used_end += fit_bytes
+                kept += fit
+            if fit < run:
+                self._lose(_kinds(shapes[start + fit : stop]), run - fit)
+            start = stop
+        return kept_runs, kept_records, kept_frames, kept_extras
 
     def _queue(
         self,

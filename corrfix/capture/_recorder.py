@@ -86,6 +86,9 @@ _NO_SEND = (NULL, NULL, NULL)
 HELD_ROWS = 512
 """Rows a pass may gather before they are queued anyway (a pass serves at most a few dozen
 receives, so this only bounds what an unusual one holds)."""
+HELD_BYTES = 4 * 1024 * 1024
+"""Bytes of frames a pass may keep alive by reference (a stored piece of a frame keeps the
+whole frame) before its rows are queued anyway."""
 
 
 @dataclass(slots=True)
@@ -149,6 +152,7 @@ class Recorder:
         self._runs: list[tuple[str, int]] = []
         self._run_rows = 0
         self._run_pieces = 0
+        self._held_bytes = 0  # bytes of the frames the gathered rows keep alive
         self._holding = False
         self.passes_ended = 0
 
@@ -209,8 +213,11 @@ class Recorder:
             elif kind is RepairEvent:
                 self._follow(conn, event)
         self._sent_lists, self._sent_ids = sent_lists, None
+        holding = self._holding
         for event in events:
             kind = type(event)
+            if holding and (kind is Received or kind is Sent):
+                self._held_bytes += sum(map(len, event.frames))  # type: ignore[union-attr]
             if kind is Received:
                 if event.side == "client":
                     for head, frame in zip(event.heads, event.frames, strict=True):
@@ -529,13 +536,13 @@ class Recorder:
             self._runs.append((connection, rows - self._run_rows))
             self._run_rows = rows
             self._run_pieces = len(self._frames)
-        if not self._holding or rows >= HELD_ROWS:
+        if not self._holding or rows >= HELD_ROWS or self._held_bytes >= HELD_BYTES:
             self._queue_runs()
 
     def _queue_runs(self) -> None:
         records, frames, extras, runs = self._records, self._frames, self._extras, self._runs
         self._records, self._frames, self._extras, self._runs = bytearray(), [], [], []
-        self._run_rows = self._run_pieces = 0
+        self._run_rows = self._run_pieces = self._held_bytes = 0
         if not runs:
             return
         try:

@@ -596,7 +596,8 @@ class RelayEngine:
         while True:
             to_upstream, to_client, events = core.take()
             # Counted and recorded before it is sent: whoever sees the bytes arrive (another
-            # thread than the engine's) finds them in the metrics, the log and the capture.
+            # thread than the engine's) finds them in the metrics and the log, and in the
+            # capture once the pass ends (CaptureWriter.flush waits for that).
             if events or (relayed.sinks.metrics is not None and (to_upstream or to_client)):
                 relayed.sinks.output(to_upstream, to_client, events)
             if to_upstream:

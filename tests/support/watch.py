@@ -37,6 +37,17 @@ class Watch:
         self.active.discard(connection)
         self._changed.set()
 
+    def begin_pass(self) -> None:
+        """Passed on when ``inner`` gathers the relay engine's passes (capture does)."""
+        begin = getattr(self.inner, "begin_pass", None)
+        if begin is not None:
+            begin()
+
+    def end_pass(self) -> None:
+        end = getattr(self.inner, "end_pass", None)
+        if end is not None:
+            end()
+
     async def all_closed(self) -> None:
         """Return once at least one connection opened and none is open any more."""
         while self.opened == 0 or self.active:

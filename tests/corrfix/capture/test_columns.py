@@ -47,16 +47,25 @@ calls_drawn = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(calls=calls_drawn, max_rows=st.integers(1, 40), max_bytes=st.integers(1, 40_000))
-def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls, max_rows, max_bytes):
+@given(
+    calls=calls_drawn,
+    max_rows=st.integers(1, 40),
+    max_bytes=st.integers(1, 40_000),
+    queued_after=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(
+    calls, max_rows, max_bytes, queued_after
+):
     """Against a model that admits row by row: a call's first rows that fit are queued with
-    their own bytes (in one piece or two) and connection, the rest are lost and counted by kind."""
+    their own bytes (in one piece or two) and connection, the rest are lost and counted by kind,
+    whether each call is queued on its own or several (a relay pass's) in one step."""
     queue = RowColumns(max_rows=max_rows, max_bytes=max_bytes)
+    pending: tuple[list, bytearray, list] = ([], bytearray(), [])
     expected: list[tuple[str, int, int, bytes | None]] = []
     lost: Counter[str] = Counter()
     rows_used = bytes_used = frames_used = 0
     seq = 0
-    for connection, rows in calls:
+    for call, (connection, rows) in enumerate(calls):
         records, frames = bytearray(), []
         admitting = True
         for shape, frame, split in rows:
@@ -81,7 +90,12 @@ def test_each_call_keeps_the_rows_that_fit_in_order_and_counts_the_others(calls,
             else:
                 lost[SHAPES[shape][0].value] += 1
             seq += 1
-        queue.extend([(connection, len(records) // RECORD_SIZE)], records, frames, [])
+        pending[0].append((connection, len(records) // RECORD_SIZE))
+        pending[1].extend(records)
+        pending[2].extend(frames)
+        if queued_after[call] or call == len(calls) - 1:
+            queue.extend(*pending, [])
+            pending = ([], bytearray(), [])
 
     chunk = queue.take()
     assert chunk.rows == len(expected)

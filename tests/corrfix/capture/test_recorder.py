@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture._columns import RowColumns, record_batch
-from corrfix.capture._recorder import Recorder
-from corrfix.capture.format import Source, schema_for
+from corrfix.capture._recorder import HELD_BYTES, Recorder
+from corrfix.capture.format import SHARED_HEAD, Source, schema_for
 from protocol import ApiKey
 from protocol.testing import request_frame, response_frame
 from tests.support.capture_shell import Shell
@@ -158,18 +158,24 @@ def test_rows_gathered_over_passes_are_the_rows_recorded_call_by_call(actions):
     assert by_pass == by_call
 
 
-def test_a_re_send_in_the_same_pass_leaves_the_first_sends_row_with_its_own_id():
-    columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
+def _opened_in_a_pass(max_bytes: int = 1 << 20) -> tuple[RowColumns, Recorder, Shell]:
+    """A recorder with a connection opened inside a pass that is still gathering."""
+    columns = RowColumns(max_rows=1000, max_bytes=max_bytes)
     recorder = Recorder(columns, snaplen=65536)
     shell = Shell(recorder)
-    shell.open()
     recorder.begin_pass()
+    shell.open()
+    return columns, recorder, shell
+
+
+def test_a_re_send_in_the_same_pass_leaves_the_first_sends_row_with_its_own_id():
+    columns, recorder, shell = _opened_in_a_pass()
     shell.client_sends(
         _padded(request_frame(ApiKey.METADATA, 7, 0), 3000), request_frame(ApiKey.METADATA, 8, 1)
     )
     shell.broker_answers(response_frame(1, 1))  # the answer to upstream 0 is lost: re-sent as 2
     assert [int.from_bytes(frame[8:12], "big") for frame in shell.sent] == [0, 1, 2]
-    assert columns.accepted == 1  # the open row, before the pass
+    assert columns.accepted == 0
     recorder.end_pass()
     upstream = [row for row in rows_of(columns) if (row["side"], row["direction"]) == ("upstream", "request")]
     assert [row["upstream_correlation_id"] for row in upstream] == [0, 1, 2]
@@ -178,11 +184,7 @@ def test_a_re_send_in_the_same_pass_leaves_the_first_sends_row_with_its_own_id()
 
 
 def test_a_call_that_fails_inside_a_pass_loses_its_rows_and_keeps_the_pass_earlier_ones(monkeypatch):
-    columns = RowColumns(max_rows=1000, max_bytes=1 << 20)
-    recorder = Recorder(columns, snaplen=65536)
-    shell = Shell(recorder)
-    recorder.begin_pass()
-    shell.open()
+    columns, recorder, shell = _opened_in_a_pass()
     shell.client_sends(request_frame(ApiKey.METADATA, 7, 0))
 
     def broken(self, *args):
@@ -198,3 +200,16 @@ def test_a_call_that_fails_inside_a_pass_loses_its_rows_and_keeps_the_pass_earli
         ("frame", "client", "request"),
         ("frame", "upstream", "request"),
     ]
+
+
+def test_a_pass_keeping_big_frames_alive_queues_its_rows_early():
+    """A stored piece of a frame keeps the whole frame: past HELD_BYTES of them, a pass's rows
+    are queued at once instead of at its end."""
+    columns, recorder, shell = _opened_in_a_pass(max_bytes=1 << 24)
+    shell.client_sends(request_frame(ApiKey.FETCH, 7, 0))
+    assert columns.accepted == 0
+    shell.broker_answers(_padded(response_frame(0, 0), HELD_BYTES))
+    assert columns.accepted == 5  # open, the request on both sides, the answer on both sides
+    recorder.end_pass()
+    rows = rows_of(columns)
+    assert [len(row["frame"]) for row in rows if row["kind"] == "frame"][-2:] == [65536, SHARED_HEAD]

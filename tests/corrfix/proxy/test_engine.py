@@ -396,7 +396,8 @@ class PassCalls:
 @pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
 async def test_an_observer_that_gathers_passes_hears_every_report_inside_one(threaded):
     """One begin and one end per pass, however many connections report to the observer, and
-    every report of the engine's comes between the two."""
+    every report made while serving ready sockets comes between the two (timers fired by the
+    task outside a pass report on their own, and capture queues those at once)."""
     engine = RelayEngine(threaded=threaded)
     inner = PassCalls()
     observer = SerializedObserver(inner)
