@@ -87,8 +87,9 @@ HELD_ROWS = 512
 """Rows a pass may gather before they are queued anyway (a pass serves at most a few dozen
 receives, so this only bounds what an unusual one holds)."""
 HELD_BYTES = 4 * 1024 * 1024
-"""Bytes of frames a pass may keep alive by reference (a stored piece of a frame keeps the
-whole frame) before its rows are queued anyway."""
+"""Bytes of frames over :data:`HEADER_COPY` a pass may keep alive by reference (a stored piece
+of a frame keeps the whole frame) before its rows are queued anyway; smaller ones are bounded
+by :data:`HELD_ROWS`."""
 
 
 @dataclass(slots=True)
@@ -152,7 +153,7 @@ class Recorder:
         self._runs: list[tuple[str, int]] = []
         self._run_rows = 0
         self._run_pieces = 0
-        self._held_bytes = 0  # bytes of the frames the gathered rows keep alive
+        self._held_bytes = 0  # bytes of the big frames the gathered rows keep alive
         self._holding = False
         self.passes_ended = 0
 
@@ -213,11 +214,8 @@ class Recorder:
             elif kind is RepairEvent:
                 self._follow(conn, event)
         self._sent_lists, self._sent_ids = sent_lists, None
-        holding = self._holding
         for event in events:
             kind = type(event)
-            if holding and (kind is Received or kind is Sent):
-                self._held_bytes += sum(map(len, event.frames))  # type: ignore[union-attr]
             if kind is Received:
                 if event.side == "client":
                     for head, frame in zip(event.heads, event.frames, strict=True):
@@ -386,6 +384,7 @@ class Recorder:
             else:
                 head = _REQUEST_FIXED_HEADER
                 self._frames += (bytes(stored[:head]), memoryview(stored)[head:])
+                self._held_bytes += length
         else:
             self._frames.append(stored)
         if self._requests_in:
@@ -453,6 +452,8 @@ class Recorder:
                 (len(self._records) // RECORD_SIZE, (None, None, None, None, None, None, received[0]))
             )
             stored = memoryview(frame)[:SHARED_HEAD]
+        if length > HEADER_COPY:  # kept alive by reference until the rows are queued
+            self._held_bytes += length
         self._records += pack_row(
             seq,
             wall,
@@ -487,6 +488,7 @@ class Recorder:
             return len(piece)
         rest = memoryview(frame)[start:limit]
         self._frames += (head, rest)
+        self._held_bytes += len(frame)  # kept alive by reference until the rows are queued
         return start + len(rest)
 
     def _other(self, conn: _Connection, shape: int, extra: Extra) -> None:
