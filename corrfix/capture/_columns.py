@@ -156,17 +156,6 @@ class RowChunk:
         return np.maximum(np.frombuffer(self.records, _DTYPE)["stored"], 0)
 
 
-def _first_bytes(
-    pieces: list[bytes | bytearray | memoryview], size: int
-) -> list[bytes | bytearray | memoryview]:
-    """The pieces that hold the first ``size`` bytes (a whole number of rows' pieces)."""
-    total = count = 0
-    while total < size:
-        total += len(pieces[count])
-        count += 1
-    return pieces[:count]
-
-
 def _next_bytes(
     pieces: list[bytes | bytearray | memoryview], start: int, size: int
 ) -> tuple[list[bytes | bytearray | memoryview], int]:
@@ -299,7 +288,7 @@ class RowColumns:
                 fit_bytes = int(run_copies[:fit].sum())
                 kept_runs.append((connection, fit))
                 kept_records += records[start * RECORD_SIZE : (start + fit) * RECORD_SIZE]
-                kept_frames += _first_bytes(run_pieces, fit_bytes)
+                kept_frames += _next_bytes(run_pieces, 0, fit_bytes)[0]
                 # A row naming a row not queued (frame_seq) keeps its head alone.
                 kept_extras += [
                     (kept + i - start, extra)

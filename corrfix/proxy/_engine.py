@@ -778,11 +778,10 @@ class RelayEngine:
         relayed.released = True
         self._live.discard(relayed)
         observer = relayed.sinks.observer
-        count = self._observers.get(observer) if isinstance(observer, SerializedObserver) else None
-        if count is not None:
-            assert isinstance(observer, SerializedObserver)
-            if count > 1:
-                self._observers[observer] = count - 1
+        if isinstance(observer, SerializedObserver) and observer.gathers_passes:  # counted in adopt
+            left = self._observers[observer] - 1
+            if left:
+                self._observers[observer] = left
             else:
                 del self._observers[observer]
         for side in (relayed.client, relayed.upstream):
