@@ -17,7 +17,15 @@ from ._api_versions import (
 )
 from ._bodies import body_decodes_exactly, decode_body, encode_body
 from ._errors import FrameSizeError, ProtocolError
-from ._framing import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, BytesLike, FrameDecoder, frame
+from ._framing import (
+    ADOPT_SHARE,
+    BIG_FRAME,
+    DEFAULT_MAX_FRAME_SIZE,
+    SIZE_PREFIX,
+    BytesLike,
+    FrameDecoder,
+    frame,
+)
 from ._headers import (
     CORRELATION_ID,
     MIN_RESPONSE_FRAME,
@@ -68,6 +76,8 @@ from ._schemas import (
 from ._varint import read_tagged_fields, read_uvarint
 
 __all__ = [
+    "ADOPT_SHARE",
+    "BIG_FRAME",
     "CORRELATION_ID",
     "DEFAULT_MAX_FRAME_SIZE",
     "HEADER_IMPLAUSIBLE",

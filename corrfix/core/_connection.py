@@ -199,6 +199,18 @@ class ConnectionCore:
             due = self._watch_at
         return due
 
+    @property
+    def client_decoder(self) -> FrameDecoder:
+        """The client side's framing, for a shell that receives a big frame straight into the
+        frame's own buffer (:meth:`FrameDecoder.receive_target`); the bytes are still
+        reported through :meth:`receive_client`, with ``filled``."""
+        return self._client_decoder
+
+    @property
+    def upstream_decoder(self) -> FrameDecoder:
+        """The broker side's framing (see :attr:`client_decoder`)."""
+        return self._upstream_decoder
+
     def client_read_allowed(self, upstream_backlog: int) -> bool:
         """Backpressure: False while the machine is at its bounds or the broker's queue is full."""
         return self.machine.accepting_requests and upstream_backlog < self.config.max_send_buffer
@@ -214,15 +226,16 @@ class ConnectionCore:
 
     # -- the client side ---------------------------------------------------------------
 
-    def receive_client(self, data: bytes | bytearray | memoryview, now: float) -> None:
-        """Bytes from the client; empty means its end of stream."""
+    def receive_client(self, data: bytes | bytearray | memoryview, now: float, filled: int = 0) -> None:
+        """Bytes from the client; empty means its end of stream. ``filled`` bytes came first,
+        received into the client decoder's :meth:`~FrameDecoder.receive_target`."""
         self._now = self._last_activity = now
-        if not data:
+        if not data and not filled:
             self._on_client_eof()
             return
         decoder = self._client_decoder
         try:
-            frames = decoder.feed(data)
+            frames = decoder.feed(data, filled)
         except ProtocolError as exc:
             hello = (
                 tls_on_plaintext(exc, "client") if not self._client_spoke and not self._client_tls else None
@@ -286,10 +299,11 @@ class ConnectionCore:
 
     # -- the broker side ---------------------------------------------------------------
 
-    def receive_upstream(self, data: bytes | bytearray | memoryview, now: float) -> None:
-        """Bytes from the broker; empty means its end of stream."""
+    def receive_upstream(self, data: bytes | bytearray | memoryview, now: float, filled: int = 0) -> None:
+        """Bytes from the broker; empty means its end of stream. ``filled`` bytes came first,
+        received into the upstream decoder's :meth:`~FrameDecoder.receive_target`."""
         self._now = self._last_activity = now
-        if not data:
+        if not data and not filled:
             if self._upstream_decoder.buffered:
                 self._note("upstream closed mid-frame", "warning", buffered=self._upstream_decoder.buffered)
             self._hint_silent_upstream()
@@ -298,7 +312,7 @@ class ConnectionCore:
             self._apply(self.machine.upstream_closed())
             return
         try:
-            frames = self._upstream_decoder.feed(data)
+            frames = self._upstream_decoder.feed(data, filled)
             if not frames:
                 return
             if not self.upstream_spoke:

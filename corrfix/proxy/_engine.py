@@ -76,6 +76,7 @@ class _Side:
         "backlog",
         "broken",
         "client",
+        "decoder",
         "dropping",
         "ended",
         "error",
@@ -94,6 +95,9 @@ class _Side:
         if os.get_blocking(self.fd):
             os.set_blocking(self.fd, False)  # never the case with trio's sockets; the engine must not block
         self.client = client
+        core = owner.core
+        self.decoder = core.client_decoder if client else core.upstream_decoder
+        """The core's framing of what this socket receives: a big frame is received into its own buffer."""
         self.backlog: list[Chunk] = []
         """Frames, or their tails, the socket did not take yet: the core's own, not copied. The
         core patches a request frame again only to re-send it, which it does only once the
@@ -492,10 +496,12 @@ class RelayEngine:
         relayed = side.owner
         core = relayed.core
         sinks = relayed.sinks
-        fd, buffers, size = side.fd, self._buffers, self._size
+        fd, buffers, size, decoder = side.fd, self._buffers, self._size, side.decoder
         for _ in range(self._fair_reads):
+            target = decoder.receive_target() if decoder.big else None
             try:
-                received = os.readv(fd, buffers)
+                # A big frame's rest straight into its own buffer, anything after it into the shared one.
+                received = os.readv(fd, buffers) if target is None else os.readv(fd, [target, self._buffer])
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -506,19 +512,24 @@ class RelayEngine:
                     core.upstream_lost(broken, now)
                 self._sync(relayed, now)
                 return
+            capacity = size
+            filled = 0
+            if target is not None:
+                capacity += len(target)
+                filled = min(received, len(target))
             # No await until the core is done with it: the buffer is shared by every socket.
-            data = self._view[:received]
+            data = self._view[: received - filled]
             if side.client:
                 if received and sinks.metrics is not None:
                     sinks.received_from_client(received)
-                core.receive_client(data, now)
+                core.receive_client(data, now, filled)
             else:
                 if received and sinks.metrics is not None:
                     sinks.received_from_upstream(received)
-                core.receive_upstream(data, now)
+                core.receive_upstream(data, now, filled)
             self._sync(relayed, now)
             # A short read emptied the socket; epoll reports anything newer on the next pass.
-            if received < size or not side.mask & _IN or relayed.over:
+            if received < capacity or not side.mask & _IN or relayed.over:
                 return
 
     def _discard(self, side: _Side) -> None:

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from protocol import DEFAULT_MAX_FRAME_SIZE, SIZE_PREFIX, FrameDecoder, FrameSizeError, ProtocolError, frame
+from protocol import (
+    ADOPT_SHARE,
+    BIG_FRAME,
+    DEFAULT_MAX_FRAME_SIZE,
+    SIZE_PREFIX,
+    FrameDecoder,
+    FrameSizeError,
+    ProtocolError,
+    frame,
+)
 
 PAYLOADS = st.lists(st.binary(max_size=300), max_size=12)
 CHUNK_TYPES = st.sampled_from([bytes, bytearray, memoryview])
@@ -227,3 +236,146 @@ def test_memory_stays_bounded_over_a_long_stream(seed, max_chunk, max_size):
         assert len(decoder._buf) <= max_size + SIZE_PREFIX + max(max_chunk + 1, COMPACTION_SLACK)
     assert count == len(parts)
     assert decoder.buffered == 0
+
+
+# -- big frames, received into their own buffer --------------------------------------------
+
+BIG = BIG_FRAME  # the smallest frame (prefix included) that gets a buffer of its own
+
+
+def big_frame(total: int, fill: int) -> bytes:
+    """A frame of ``total`` bytes, prefix included, whose body is ``fill`` repeated."""
+    return size_prefix(total - SIZE_PREFIX) + bytes([fill % 256]) * (total - SIZE_PREFIX)
+
+
+def receive(decoder: FrameDecoder, stream: bytes, pos: int, count: int, shared: int) -> tuple[int, list]:
+    """What a shell reading with readv([target, shared buffer]) does: up to ``count`` bytes,
+    the decoder's target filled first. Returns the bytes taken and the frames they completed."""
+    target = decoder.receive_target() if decoder.big else None
+    if target is None:
+        count = min(count, shared, len(stream) - pos)
+        return count, decoder.feed(memoryview(stream)[pos : pos + count])
+    count = min(count, len(target) + shared, len(stream) - pos)
+    filled = min(count, len(target))
+    target[:filled] = stream[pos : pos + filled]
+    return count, decoder.feed(memoryview(stream)[pos + filled : pos + count], filled)
+
+
+SIZES = st.sampled_from([0, 1, 300, BIG - SIZE_PREFIX - 1, BIG - SIZE_PREFIX, BIG + 5000, 3 * BIG])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(SIZES, min_size=1, max_size=8),
+    reads=st.lists(st.integers(1, 4 * BIG), min_size=1, max_size=50),
+    shared=st.sampled_from([3, 4096, BIG, 1 << 20]),
+    use_target=st.booleans(),
+)
+def test_big_frames_come_back_identical_whether_or_not_received_into_their_buffer(
+    sizes, reads, shared, use_target
+):
+    """Small and big frames, wrong guesses included (a big frame after a small one, a small
+    one after a big one, big ones of other sizes), read in any pieces, with the target used
+    as a shell does or ignored as a plain feeder does."""
+    frames = [big_frame(size + SIZE_PREFIX, i) for i, size in enumerate(sizes)]
+    stream = b"".join(frames)
+    decoder = FrameDecoder()
+    out: list[bytearray] = []
+    pos = 0
+    for i in itertools.count():
+        if pos == len(stream):
+            break
+        want = reads[i % len(reads)]
+        if use_target:
+            taken, got = receive(decoder, stream, pos, want, shared)
+        else:
+            taken = min(want, len(stream) - pos)
+            got = decoder.feed(stream[pos : pos + taken])
+        out += got
+        pos += taken
+        assert decoder.buffered == pos - sum(map(len, out))
+    assert [bytes(f) for f in out] == frames
+    assert all(isinstance(f, bytearray) for f in out)
+    assert decoder.buffered == 0
+
+
+def test_a_big_frame_received_into_its_target_is_that_buffer_uncopied():
+    decoder = FrameDecoder()
+    first, second = big_frame(BIG + 100, 1), big_frame(BIG + 100, 2)
+    assert decoder.receive_target() is None  # nothing big seen yet: the shell's buffer is used
+    (frame1,) = decoder.feed(first)
+    target = decoder.receive_target()  # after a big frame, the next is guessed as big
+    assert target is not None and len(target) == len(second)
+    target[:] = second
+    (frame2,) = decoder.feed(b"", len(second))
+    assert frame2 == second and target.obj is frame2
+    assert bytes(frame1) == first
+
+
+def test_the_rest_of_a_big_frame_goes_to_its_own_buffer_once_a_share_of_it_is_in():
+    decoder = FrameDecoder()
+    whole = big_frame(BIG * 2, 7)
+    share = len(whole) // ADOPT_SHARE
+    assert decoder.feed(whole[: share - 1]) == []
+    assert decoder.receive_target() is None  # not yet: an announced size alone commits nothing
+    assert decoder.feed(whole[share - 1 : share]) == []
+    target = decoder.receive_target()
+    assert target is not None and len(target) == len(whole) - share
+    assert decoder.buffered == share and decoder.pending_frame_size() == len(whole) - SIZE_PREFIX
+    target[:5000] = whole[share : share + 5000]
+    assert decoder.feed(b"", 5000) == []
+    assert decoder.buffered == share + 5000
+    rest = decoder.receive_target()
+    assert rest is not None and len(rest) == len(whole) - share - 5000
+    rest[:] = whole[share + 5000 :]
+    small = frame(b"after")
+    (got, after) = decoder.feed(small, len(rest))  # what followed it landed in the shell's buffer
+    assert bytes(got) == whole and bytes(after) == small
+
+
+def test_a_wrong_guess_is_dropped_and_costs_no_bytes():
+    decoder = FrameDecoder()
+    decoder.feed(big_frame(BIG, 1))
+    target = decoder.receive_target()
+    assert target is not None
+    smalls = frame(b"a") + frame(b"bc")
+    target[: len(smalls)] = smalls
+    assert [bytes(f) for f in decoder.feed(b"", len(smalls))] == [frame(b"a"), frame(b"bc")]
+    assert not decoder.big and decoder.receive_target() is None  # no more guessing
+    assert decoder.buffered == 0
+
+
+def test_a_huge_announced_size_commits_no_buffer_until_a_share_of_it_arrived():
+    decoder = FrameDecoder()
+    size = 16 * 1024 * 1024
+    whole = big_frame(size, 3)
+    assert decoder.feed(whole[: size // ADOPT_SHARE - 1]) == []
+    assert decoder.receive_target() is None
+    assert len(decoder._buf) < size // ADOPT_SHARE + 65536  # what arrived, not what was announced
+    assert decoder.feed(whole[size // ADOPT_SHARE - 1 : size // ADOPT_SHARE]) == []
+    target = decoder.receive_target()
+    assert target is not None and len(target) == size - size // ADOPT_SHARE
+    target[:] = whole[size // ADOPT_SHARE :]
+    (got,) = decoder.feed(b"", len(target))
+    assert got == whole
+
+
+@pytest.mark.parametrize("size", [-1, 200, DEFAULT_MAX_FRAME_SIZE + 1])
+def test_a_bad_size_in_a_guessed_buffer_is_rejected(size):
+    decoder = FrameDecoder(max_frame_size=DEFAULT_MAX_FRAME_SIZE)
+    decoder.feed(big_frame(BIG, 1))
+    target = decoder.receive_target()
+    assert target is not None
+    if size == 200:  # a plausible size, so not an error: a frame that is not the guessed one
+        target[:4] = size_prefix(size)
+        assert decoder.feed(b"", 4) == []
+        assert decoder.buffered == 4
+        return
+    target[:4] = size_prefix(size)
+    with pytest.raises(FrameSizeError):
+        decoder.feed(b"", 4)
+
+
+def test_filled_without_a_target_is_refused():
+    with pytest.raises(ValueError, match="receive_target"):
+        FrameDecoder().feed(b"", 10)

@@ -33,7 +33,7 @@ from corrfix.core import (
 from corrfix.proxy._engine import Relayed, RelayEngine
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
-from protocol import ApiKey, parse_request_header
+from protocol import ApiKey, FrameDecoder, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, echo_answer, read_frames
 from tests.support.polling import wait_until
@@ -228,6 +228,52 @@ async def test_a_side_that_stops_reading_leaves_the_set():
             await link.over.wait()
         assert link.reason == "client closed"
         nursery.cancel_scope.cancel()
+
+
+# -- big frames land in their own buffers -----------------------------------------------------
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
+async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(threaded, monkeypatch):
+    """Requests and answers of 128 KiB and more, sizes changing so that guesses go wrong, some
+    sent two at a time: every byte arrives, in order, and the big ones were received into the
+    buffers the decoders offered (``feed`` was told of bytes ``filled`` there)."""
+    filled: list[int] = []
+    feed = FrameDecoder.feed
+
+    def counting_feed(self: FrameDecoder, data: object, filled_bytes: int = 0) -> list[bytearray]:
+        if filled_bytes:
+            filled.append(filled_bytes)
+        return feed(self, data, filled_bytes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FrameDecoder, "feed", counting_feed)
+    engine = RelayEngine(threaded=threaded)
+    sizes = [[300_000], [300_000], [200], [200_000, 200_000], [1_500_000], [300_000, 90], [5_000_000]]
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("big")
+        link.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            cid = 0
+            for batch in sizes:
+                requests = []
+                for size in batch:
+                    cid += 1
+                    requests.append(padded_request(cid, size))
+                await link.client.send_all(b"".join(requests))
+                relayed = await read_frames(link.broker, len(requests))
+                assert [len(r) for r in relayed] == [len(r) for r in requests]
+                assert [bytes(r[12:]) for r in relayed] == [r[12:] for r in requests]
+                sent = [answer_to(r) for r in relayed]
+                await link.broker.send_all(b"".join(sent))
+                delivered = await read_frames(link.client, len(requests))
+                expected = [
+                    a[:4] + c.to_bytes(4, "big") + a[8:]
+                    for a, c in zip(sent, range(cid - len(batch) + 1, cid + 1), strict=True)
+                ]
+                assert [bytes(d) for d in delivered] == expected
+        nursery.cancel_scope.cancel()
+    # At the least the 5 MB frame's bytes after its first receive (a MiB at most), both ways.
+    assert sum(filled) > 8_000_000
 
 
 # -- fairness ----------------------------------------------------------------------------------
