@@ -12,6 +12,7 @@ shell that receives into it first copies none of the frame's bytes in Python.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from protocol._errors import FrameSizeError
 
@@ -61,14 +62,17 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf) - self._pos + (self._filled if self._frame is not None else 0)
 
-    def receive_target(self) -> memoryview | None:
+    def receive_target(self, allocate: Callable[[int], bytearray] = bytearray) -> memoryview | None:
         """Where the next receive should land first, if anywhere: the unfilled rest of a big
-        frame's buffer. Bytes received into it are reported with ``feed(rest, filled=n)``."""
+        frame's buffer. Bytes received into it are reported with ``feed(rest, filled=n)``.
+
+        ``allocate`` makes the buffer for a guessed frame; it may return one with old content,
+        as only bytes received into it are ever read."""
         frame = self._frame
         if frame is None:
             if not self._guess or len(self._buf) > self._pos:
                 return None
-            frame = self._frame = bytearray(self._guess)  # the next frame, if it is as big
+            frame = self._frame = allocate(self._guess)  # the next frame, if it is as big
             self._filled = 0
         return memoryview(frame)[self._filled :]
 

@@ -54,7 +54,9 @@ import trio
 from corrfix.core import CLOSE_GRACE, DISCARD_LIMIT, ConnectionCore
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks
+from corrfix.proxy._spares import FrameSpares
 from corrfix.proxy._streams import FAIR_READS, Chunk, receive_buffer, send_frames, unsent
+from protocol import BIG_FRAME
 
 _log = structlog.get_logger("corrfix.proxy")
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
@@ -197,6 +199,7 @@ class RelayEngine:
         self._buffers = [self._buffer]
         self._view = memoryview(self._buffer)  # sliced per receive: one object, not two
         self._size = len(self._buffer)
+        self._spares = FrameSpares()  # big frames written, reused as buffers for the next ones
         self._fair_reads = fair_reads
         self._epoll: select.epoll | None = None
         self._sides: dict[int, _Side] = {}
@@ -498,7 +501,7 @@ class RelayEngine:
         sinks = relayed.sinks
         fd, buffers, size, decoder = side.fd, self._buffers, self._size, side.decoder
         for _ in range(self._fair_reads):
-            target = decoder.receive_target() if decoder.big else None
+            target = decoder.receive_target(self._spares.take) if decoder.big else None
             try:
                 # A big frame's rest straight into its own buffer, anything after it into the shared one.
                 received = os.readv(fd, buffers) if target is None else os.readv(fd, [target, self._buffer])
@@ -566,6 +569,8 @@ class RelayEngine:
             side.error = exc
             return
         total = sum(map(len, frames))
+        if total >= BIG_FRAME:
+            self._spares.keep(frames)
         if sent < total:
             side.backlog = unsent(frames, sent)
             side.unsent = total - sent
@@ -788,6 +793,8 @@ class RelayEngine:
             return
         relayed.released = True
         self._live.discard(relayed)
+        if not self._live:
+            self._spares.clear()  # an idle engine keeps no big buffers
         observer = relayed.sinks.observer
         if isinstance(observer, SerializedObserver) and observer.gathers_passes:  # counted in adopt
             left = self._observers[observer] - 1

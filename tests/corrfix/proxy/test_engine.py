@@ -21,6 +21,7 @@ import trio
 from structlog.testing import capture_logs
 from trio.testing import wait_all_tasks_blocked
 
+from corrfix.capture import CaptureWriter, read_capture
 from corrfix.core import (
     CLOSE_GRACE,
     LOOPBACK,
@@ -33,6 +34,7 @@ from corrfix.core import (
 from corrfix.proxy._engine import Relayed, RelayEngine
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
+from corrfix.proxy._spares import FrameSpares
 from protocol import ApiKey, FrameDecoder, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, echo_answer, read_frames
@@ -42,12 +44,16 @@ TEST_DEADLINE = 20.0
 """A hang guard around each test's network steps, not a timed assertion."""
 
 
-async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    """Both ends of one loopback TCP connection."""
+async def tcp_pair(buffers: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Both ends of one loopback TCP connection; with ``buffers``, the far end can write that
+    much at once (the near end's receive window is set before the handshake)."""
     listener = trio.socket.socket()
     await listener.bind((LOOPBACK, 0))
     listener.listen(1)
     near = trio.socket.socket()
+    if buffers is not None:
+        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffers)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffers)
     await near.connect(listener.getsockname())
     far, _ = await listener.accept()
     listener.close()
@@ -70,9 +76,9 @@ class Link:
     error: Exception | None = None
 
     @classmethod
-    async def open(cls, name: str) -> Link:
+    async def open(cls, name: str, broker_buffers: int | None = None) -> Link:
         client, proxy_client = await tcp_pair()
-        proxy_upstream, broker = await tcp_pair()
+        proxy_upstream, broker = await tcp_pair(broker_buffers)
         return cls(client, proxy_client, proxy_upstream, broker, name)
 
     def adopt(
@@ -237,7 +243,8 @@ async def test_a_side_that_stops_reading_leaves_the_set():
 async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(threaded, monkeypatch):
     """Requests and answers of 128 KiB and more, sizes changing so that guesses go wrong, some
     sent two at a time: every byte arrives, in order, and the big ones were received into the
-    buffers the decoders offered (``feed`` was told of bytes ``filled`` there)."""
+    buffers the decoders offered (``feed`` was told of bytes ``filled`` there), some of them
+    buffers of earlier frames the engine was done with."""
     filled: list[int] = []
     feed = FrameDecoder.feed
 
@@ -247,6 +254,17 @@ async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(
         return feed(self, data, filled_bytes)  # type: ignore[arg-type]
 
     monkeypatch.setattr(FrameDecoder, "feed", counting_feed)
+    reused: list[int] = []
+    take = FrameSpares.take
+
+    def counting_take(self: FrameSpares, size: int) -> bytearray:
+        known = {id(frame) for frame in self._frames}  # ids: a list of them would hold them
+        buffer = take(self, size)
+        if id(buffer) in known:
+            reused.append(size)
+        return buffer
+
+    monkeypatch.setattr(FrameSpares, "take", counting_take)
     engine = RelayEngine(threaded=threaded)
     sizes = [[300_000], [300_000], [200], [200_000, 200_000], [1_500_000], [300_000, 90], [5_000_000]]
     async with trio.open_nursery() as nursery:
@@ -274,6 +292,51 @@ async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(
         nursery.cancel_scope.cancel()
     # At the least the 5 MB frame's bytes after its first receive (a MiB at most), both ways.
     assert sum(filled) > 8_000_000
+    assert reused  # the second 300 KB request landed in the first one's buffer, and came out whole
+
+
+async def test_a_capture_of_big_frames_holds_their_bytes_while_buffers_are_reused(tmp_path):
+    """Capture keeps references to a pass's frames until the pass ends: a buffer the engine
+    reuses must not be one of them. Two connections' answers of one size are written before
+    the engine's task runs, so one pass delivers one (the newest buffer of that size) and
+    wants a buffer of that size for the other (the task mode, as a thread could wake between
+    the two writes)."""
+    writer = CaptureWriter(tmp_path, snaplen=1 << 20, flush_seconds=0.05).start()
+    engine = RelayEngine()
+    sent: dict[str, list[bytes]] = {"a": [], "b": []}
+    delivered: dict[str, list[bytes]] = {"a": [], "b": []}
+    try:
+        async with trio.open_nursery() as nursery:
+            links = [
+                await Link.open("a", broker_buffers=1 << 20),
+                await Link.open("b", broker_buffers=1 << 20),
+            ]
+            for link in links:
+                link.adopt(engine, nursery, observer=SerializedObserver(writer))
+            with trio.fail_after(TEST_DEADLINE):
+                for cid in range(1, 9):
+                    relayed = []
+                    for mark, link in enumerate(links):
+                        request = bytearray(padded_request(cid, 200_000))
+                        request[-8:] = bytes([cid * 2 + mark]) * 8  # every request's bytes differ
+                        sent[link.name].append(bytes(request))
+                        await link.client.send_all(request)
+                        (upstream,) = await read_frames(link.broker, 1)
+                        relayed.append(upstream)
+                    for link, upstream in zip(links, relayed, strict=True):  # no await between
+                        answer = answer_to(upstream)
+                        assert os.write(link.broker.socket.fileno(), answer) == len(answer)
+                    for link in links:
+                        delivered[link.name] += [bytes(a) for a in await read_frames(link.client, 1)]
+            nursery.cancel_scope.cancel()
+    finally:
+        writer.close()
+    frames = [r for r in read_capture(tmp_path).to_pylist() if r["kind"] == "frame" and r["side"] == "client"]
+    for name in ("a", "b"):
+        mine = [r for r in frames if r["connection_id"].endswith(name)]
+        assert [r["frame"] for r in mine if r["direction"] == "request"] == sent[name]
+        assert [r["frame"] for r in mine if r["direction"] == "response"] == delivered[name]
+        assert [a[8:] for a in delivered[name]] == [answer_to(r)[8:] for r in sent[name]]
 
 
 # -- fairness ----------------------------------------------------------------------------------
