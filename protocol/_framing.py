@@ -38,9 +38,9 @@ class FrameDecoder:
 
     Big frames (``BIG_FRAME``) are assembled in a buffer of their own, which
     :meth:`receive_target` offers to the shell. After a big frame, the next frame is guessed
-    to be as big, and the target is a fresh buffer of that size: a stream of similar big
-    frames (produce batches, fetch answers) then arrives with no copy at all. A wrong guess
-    costs that buffer's zeroing once, and the guess is dropped.
+    to be as big, and the target is a buffer of that size (a fresh one, or one the shell's
+    ``allocate`` reuses): a stream of similar big frames (produce batches, fetch answers) then
+    arrives with no copy at all. A wrong guess costs that buffer once, and the guess is dropped.
     """
 
     __slots__ = ("_buf", "_filled", "_frame", "_guess", "_pos", "big", "max_frame_size", "peer")
