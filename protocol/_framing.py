@@ -76,6 +76,16 @@ class FrameDecoder:
             self._filled = 0
         return memoryview(frame)[self._filled :]
 
+    def release_target(self) -> bytearray | None:
+        """Let go of a guessed buffer nothing was received into, and return it (the guess
+        stays): a receive that found nothing to read must not leave an idle connection
+        holding a frame-sized buffer."""
+        frame = self._frame
+        if frame is None or self._filled:
+            return None
+        self._frame = None
+        return frame
+
     def feed(self, data: BytesLike, filled: int = 0) -> list[bytearray]:
         """Add received bytes; return every frame they complete, oldest first. ``filled``
         bytes were received into :meth:`receive_target`'s view, before ``data``.

@@ -56,7 +56,7 @@ from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks
 from corrfix.proxy._spares import FrameSpares
 from corrfix.proxy._streams import FAIR_READS, Chunk, receive_buffer, send_frames, unsent
-from protocol import BIG_FRAME
+from protocol import BIG_FRAME, FrameDecoder
 
 _log = structlog.get_logger("corrfix.proxy")
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
@@ -506,6 +506,8 @@ class RelayEngine:
                 # A big frame's rest straight into its own buffer, anything after it into the shared one.
                 received = os.readv(fd, buffers) if target is None else os.readv(fd, [target, self._buffer])
             except BlockingIOError:
+                if target is not None:
+                    self._unused_target(decoder)
                 return
             except OSError as exc:
                 broken = f"socket connection broken: {exc}"
@@ -534,6 +536,13 @@ class RelayEngine:
             # A short read emptied the socket; epoll reports anything newer on the next pass.
             if received < capacity or not side.mask & _IN or relayed.over:
                 return
+
+    def _unused_target(self, decoder: FrameDecoder) -> None:
+        """A guessed buffer the socket had nothing for goes back to the spares: an idle
+        connection holds none, and the next connection's guess may take it."""
+        spare = decoder.release_target()
+        if spare is not None:
+            self._spares.keep([spare])
 
     def _discard(self, side: _Side) -> None:
         """Read and drop a client's bytes after the proxy's end of stream, until it ends its own."""

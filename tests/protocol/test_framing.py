@@ -379,3 +379,18 @@ def test_a_bad_size_in_a_guessed_buffer_is_rejected(size):
 def test_filled_without_a_target_is_refused():
     with pytest.raises(ValueError, match="receive_target"):
         FrameDecoder().feed(b"", 10)
+
+
+def test_a_guessed_buffer_that_received_nothing_is_let_go_and_the_guess_kept():
+    decoder = FrameDecoder()
+    decoder.feed(big_frame(BIG, 1))
+    target = decoder.receive_target()
+    assert target is not None
+    released = decoder.release_target()
+    assert released is target.obj and decoder.buffered == 0
+    again = decoder.receive_target()  # still guessing: a new buffer for the next receive
+    assert again is not None and again.obj is not released
+    again[:10] = big_frame(BIG, 2)[:10]
+    assert decoder.feed(b"", 10) == []
+    assert decoder.release_target() is None  # bytes arrived: the frame's buffer stays
+    assert decoder.buffered == 10

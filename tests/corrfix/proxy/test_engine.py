@@ -35,7 +35,7 @@ from corrfix.proxy._engine import Relayed, RelayEngine
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
 from corrfix.proxy._spares import FrameSpares
-from protocol import ApiKey, FrameDecoder, parse_request_header
+from protocol import BIG_FRAME, ApiKey, FrameDecoder, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, echo_answer, read_frames
 from tests.support.polling import wait_until
@@ -45,15 +45,16 @@ TEST_DEADLINE = 20.0
 
 
 async def tcp_pair(buffers: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
-    """Both ends of one loopback TCP connection; with ``buffers``, the far end can write that
-    much at once (the near end's receive window is set before the handshake)."""
+    """Both ends of one loopback TCP connection; with ``buffers``, either end can write that
+    much at once (the receive windows are set before the handshake)."""
     listener = trio.socket.socket()
     await listener.bind((LOOPBACK, 0))
     listener.listen(1)
     near = trio.socket.socket()
     if buffers is not None:
-        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffers)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffers)
+        for sock in (near, listener):  # the accepted socket inherits the listener's
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffers)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffers)
     await near.connect(listener.getsockname())
     far, _ = await listener.accept()
     listener.close()
@@ -76,9 +77,9 @@ class Link:
     error: Exception | None = None
 
     @classmethod
-    async def open(cls, name: str, broker_buffers: int | None = None) -> Link:
-        client, proxy_client = await tcp_pair()
-        proxy_upstream, broker = await tcp_pair(broker_buffers)
+    async def open(cls, name: str, buffers: int | None = None) -> Link:
+        client, proxy_client = await tcp_pair(buffers)
+        proxy_upstream, broker = await tcp_pair(buffers)
         return cls(client, proxy_client, proxy_upstream, broker, name)
 
     def adopt(
@@ -239,6 +240,34 @@ async def test_a_side_that_stops_reading_leaves_the_set():
 # -- big frames land in their own buffers -----------------------------------------------------
 
 
+async def test_an_idle_connection_keeps_no_guessed_buffer():
+    """A receive that fills both the guessed buffer and the shared one makes the engine read
+    again, into a new guessed buffer, and find nothing: that buffer goes back to the engine's
+    spares instead of staying with the idle connection's decoder."""
+    shared = 64 * 1024
+    engine = RelayEngine(receive_size=shared)
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("idle", buffers=1 << 20)
+        relayed = link.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await link.client.send_all(padded_request(1, BIG_FRAME))  # the decoder now guesses
+            (upstream,) = await read_frames(link.broker, 1)
+            await link.broker.send_all(answer_to(upstream))
+            await read_frames(link.client, 1)
+            # A guessed-size request and a request the size of the shared buffer, written before
+            # the engine runs: one receive takes exactly all of it.
+            both = padded_request(2, BIG_FRAME) + padded_request(3, shared)
+            assert os.write(link.client.socket.fileno(), both) == len(both)
+            upstream_requests = await read_frames(link.broker, 2)
+            await link.broker.send_all(b"".join(answer_to(r) for r in upstream_requests))
+            assert len(await read_frames(link.client, 2)) == 2
+            await wait_all_tasks_blocked()
+            decoder = relayed.core.client_decoder
+            assert decoder.big and decoder.buffered == 0  # still guessing, nothing pending
+            assert decoder._frame is None, "an idle connection holds a frame-sized buffer"
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("threaded", [False, True], ids=["task", "thread"])
 async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(threaded, monkeypatch):
     """Requests and answers of 128 KiB and more, sizes changing so that guesses go wrong, some
@@ -308,8 +337,8 @@ async def test_a_capture_of_big_frames_holds_their_bytes_while_buffers_are_reuse
     try:
         async with trio.open_nursery() as nursery:
             links = [
-                await Link.open("a", broker_buffers=1 << 20),
-                await Link.open("b", broker_buffers=1 << 20),
+                await Link.open("a", buffers=1 << 20),
+                await Link.open("b", buffers=1 << 20),
             ]
             for link in links:
                 link.adopt(engine, nursery, observer=SerializedObserver(writer))
