@@ -360,20 +360,28 @@ def test_a_huge_announced_size_commits_no_buffer_until_a_share_of_it_arrived():
     assert got == whole
 
 
-@pytest.mark.parametrize("size", [-1, 200, DEFAULT_MAX_FRAME_SIZE + 1])
-def test_a_bad_size_in_a_guessed_buffer_is_rejected(size):
+def guessing_decoder() -> tuple[FrameDecoder, memoryview]:
+    """A decoder that saw a big frame, and the buffer it guesses the next one lands in."""
     decoder = FrameDecoder(max_frame_size=DEFAULT_MAX_FRAME_SIZE)
     decoder.feed(big_frame(BIG, 1))
     target = decoder.receive_target()
     assert target is not None
-    if size == 200:  # a plausible size, so not an error: a frame that is not the guessed one
-        target[:4] = size_prefix(size)
-        assert decoder.feed(b"", 4) == []
-        assert decoder.buffered == 4
-        return
+    return decoder, target
+
+
+@pytest.mark.parametrize("size", [-1, DEFAULT_MAX_FRAME_SIZE + 1])
+def test_a_bad_size_in_a_guessed_buffer_is_rejected(size):
+    decoder, target = guessing_decoder()
     target[:4] = size_prefix(size)
     with pytest.raises(FrameSizeError):
         decoder.feed(b"", 4)
+
+
+def test_a_plausible_other_size_in_a_guessed_buffer_is_a_wrong_guess_not_an_error():
+    decoder, target = guessing_decoder()
+    target[:4] = size_prefix(200)
+    assert decoder.feed(b"", 4) == []
+    assert decoder.buffered == 4 and decoder.pending_frame_size() == 200
 
 
 def test_filled_without_a_target_is_refused():

@@ -42,7 +42,7 @@ def test_what_is_kept_stays_bounded_the_newest_is_reused_and_the_oldest_forgotte
 
 def test_clear_forgets_everything():
     spares = FrameSpares()
-    spares.keep([bytearray(BIG_FRAME)])
+    spares.keep([bytearray(b"\x01") * BIG_FRAME])  # marked, and free once the list is gone
     spares.clear()
     fresh = spares.take(BIG_FRAME)
-    assert fresh == bytearray(BIG_FRAME)
+    assert fresh == bytearray(BIG_FRAME)  # a new, zero-filled buffer, not the marked one
