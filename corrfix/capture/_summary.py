@@ -3,18 +3,27 @@
 Rows dropped because the capture queue was full are, by definition, not in the Arrow
 files; this small file next to them says how many there were. It is replaced atomically
 (write, then rename), so a reader sees either the old or the new version.
+
+The capture's writer rewrites it after every write, in the thread that holds the GIL
+against the relay, and its connection index grows with files times connections. So it is
+encoded by the ``json`` module's C encoder, and a finished file's part of the index, which
+no longer changes, is encoded once (:meth:`CaptureSummary.seal`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from corrfix.capture.format import SCHEMA_VERSION, SUMMARY_FORMAT, SUMMARY_SUFFIX, summary_documents
 
 __all__ = ["SUMMARY_FORMAT", "SUMMARY_SUFFIX", "CaptureSummary", "read_summaries", "write_summary"]
+
+_encode = json.JSONEncoder(sort_keys=True).encode
+"""Without ``indent``: with it, ``json`` falls back to its pure-Python encoder."""
 
 
 @dataclass
@@ -33,9 +42,35 @@ class CaptureSummary:
     """Per file name: rows per connection id, as written (the audit plans from it)."""
     schema_version: int = SCHEMA_VERSION
     format: str = SUMMARY_FORMAT
+    _sealed: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """The JSON of finished files' connection counts, by file name."""
+
+    def seal(self, names: Iterable[str]) -> None:
+        """These files are finished: their counts no longer change, so their part of the
+        index is encoded now and reused by every later :meth:`to_json`."""
+        sealed = self._sealed
+        for name in names:
+            if name not in sealed and name in self.connections:
+                sealed[name] = _encode(self.connections[name])
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        """One top-level field per line, in name order; nested values on their line."""
+        names = sorted(f.name for f in fields(self) if not f.name.startswith("_"))
+        return "{\n" + ",\n".join(f"  {_encode(name)}: {self._value_json(name)}" for name in names) + "\n}\n"
+
+    def _value_json(self, name: str) -> str:
+        return self._connections_json() if name == "connections" else _encode(getattr(self, name))
+
+    def _connections_json(self) -> str:
+        sealed = self._sealed
+        return (
+            "{"
+            + ", ".join(
+                f"{_encode(name)}: {sealed.get(name) or _encode(counts)}"
+                for name, counts in sorted(self.connections.items())
+            )
+            + "}"
+        )
 
 
 def write_summary(path: Path, summary: CaptureSummary) -> None:

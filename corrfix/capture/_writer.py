@@ -296,6 +296,7 @@ class CaptureWriter:
         summary.rows_lost = self._queue.lost
         summary.rows_lost_by_kind = dict(self._queue.lost_by_kind)
         summary.files = [path.name for path in self._files.files]
+        summary.seal(summary.files[:-1])  # only the newest file is still being written
         try:
             write_summary(self.summary_path, summary)
         except OSError as exc:

@@ -187,7 +187,24 @@ def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
             assert reader.schema.metadata[SOURCE_KEY] == b"proxy"
             assert reader.read_all().num_rows >= 1  # and the end-of-stream marker was written
     assert [r["seq"] for r in rows_of(tmp_path)] == list(range(8))
-    assert json.loads(writer.summary_path.read_text())["files"] == [f.name for f in files]
+    summary = json.loads(writer.summary_path.read_text())
+    assert summary["files"] == [f.name for f in files]
+    # Each file's part of the connection index, finished ones encoded when the next began.
+    for file in files:
+        assert summary["connections"][file.name] == {"c1": read_capture(file).num_rows}
+
+
+def test_the_index_of_the_file_being_written_follows_every_write(tmp_path):
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+    shell = Shell(writer)
+    shell.open()
+    for i in range(3):
+        shell.client_sends(request_frame(ApiKey.METADATA, i, i))
+        writer.flush(timeout=10)
+        [file] = capture_files(tmp_path)
+        counts = json.loads(writer.summary_path.read_text())["connections"][file.name]
+        assert counts == {"c1": read_capture(file).num_rows}
+    writer.close()
 
 
 def test_files_rotate_by_age_even_when_idle(tmp_path):
