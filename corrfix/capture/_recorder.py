@@ -53,9 +53,10 @@ from corrfix.core import HEADER_COPY, Event, Forwarded, Received, RepairEvent, R
 from protocol import (
     ApiKey,
     ProtocolError,
+    RequestHeaderReader,
     is_sasl_v0_handshake,
     parse_request_header,
-    produce_acks,
+    produce_acks_at,
     response_body_offset,
 )
 
@@ -100,6 +101,7 @@ class _Connection:
     # client id -> (api key, api version, upstream id) of the client's request, until it is answered.
     asks: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     sasl: SaslTokens | None = None  # once a SaslHandshake v0 went by
+    headers: RequestHeaderReader = field(default_factory=RequestHeaderReader)  # for _head_is_enough
 
 
 def _remember(table: dict, key: int, value: object) -> None:
@@ -338,7 +340,7 @@ class Recorder:
             stored >= SHARED_MIN
             and upstream_cid != NULL
             and self._was_sent(frame)
-            and _head_is_enough(head, api_key)
+            and _head_is_enough(conn.headers, head, api_key)
         ):
             row = len(records) // RECORD_SIZE - 1
             self._requests_in[id(frame)] = (row, piece, len(self._frames) - piece, head)
@@ -566,17 +568,18 @@ def _rows_of(events: Sequence[Event]) -> Counter[str]:
     return rows
 
 
-def _head_is_enough(frame: bytes | memoryview, api_key: int) -> bool:
+def _head_is_enough(headers: RequestHeaderReader, head: bytes, api_key: int) -> bool:
     """Whether a request's first :data:`SHARED_HEAD` bytes hold what readers take from a
     client row's head: the whole header and, for Produce, the acks (a long client id or
-    transactional id can push them past it; then the frame is not shared)."""
-    head = memoryview(frame)[:SHARED_HEAD]
+    transactional id can push them past it; then the frame is not shared). The header is
+    read with the connection's reader, which reads a header of a shape it has seen in one
+    unpack: a full parse here was a sixth of the recorder's time for a frame it shares."""
     try:
-        header = parse_request_header(head)
-        if header.body_offset is None:
+        _, api_version, _, body_offset = headers.fields(head)
+        if body_offset is None or body_offset > SHARED_HEAD:
             return False
         if api_key == _PRODUCE:
-            produce_acks(head, header)
+            produce_acks_at(memoryview(head)[:SHARED_HEAD], api_version, body_offset)
     except (ProtocolError, ValueError, struct.error):
         return False
     return True

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.protocol.metadata import MetadataRequest
 
 from corrfix.capture._columns import RowColumns, record_batch
-from corrfix.capture._recorder import HELD_BYTES, Recorder
+from corrfix.capture._recorder import HELD_BYTES, Recorder, _head_is_enough
 from corrfix.capture.format import SHARED_HEAD, Source, schema_for
-from protocol import ApiKey
-from protocol.testing import request_frame, response_frame
+from corrfix.core import HEADER_COPY
+from protocol import ApiKey, ProtocolError, RequestHeaderReader, parse_request_header, produce_acks
+from protocol.testing import encode_request, request_frame, response_frame
 from tests.support.capture_shell import Shell
 from tests.support.fake_broker import api_versions_answer
+from tests.support.produce_frames import produce_frame
 
 
 def rows_of(columns: RowColumns) -> list[dict]:
@@ -213,3 +218,61 @@ def test_a_pass_keeping_big_frames_alive_queues_its_rows_early():
     recorder.end_pass()
     rows = rows_of(columns)
     assert [len(row["frame"]) for row in rows if row["kind"] == "frame"][-2:] == [65536, SHARED_HEAD]
+
+
+def _head_holds_it(frame: bytes, api_key: int) -> bool:
+    """The rule for sharing a client request's bytes, read the long way: a full header parse
+    of the first SHARED_HEAD bytes and, for Produce, the acks found there."""
+    head = memoryview(frame)[:SHARED_HEAD]
+    try:
+        header = parse_request_header(head)
+        if header.body_offset is None:
+            return False
+        if api_key == ApiKey.PRODUCE:
+            produce_acks(head, header)
+    except (ProtocolError, ValueError, struct.error):
+        return False
+    return True
+
+
+_name = st.one_of(st.none(), st.integers(0, 700).map(lambda n: "c" * n))
+
+
+@st.composite
+def _requests(draw) -> bytes:
+    if draw(st.booleans()):
+        version = draw(st.integers(3, 11))
+        frame, _ = produce_frame(
+            version,
+            transactional_id=draw(st.one_of(st.none(), st.integers(0, 600).map(lambda n: "t" * n))),
+            acks=draw(st.sampled_from([-1, 0, 1])),
+            client_id=draw(_name),
+        )
+        return bytes(frame)
+    request = MetadataRequest[draw(st.sampled_from([4, 9, 12]))](topics=None)  # header v1 and v2
+    return encode_request(request, correlation_id=5, client_id=draw(_name))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_requests(), min_size=1, max_size=6), st.data())
+def test_whether_a_head_is_enough_is_read_as_a_full_parse_would(frames, data):
+    headers = RequestHeaderReader()  # one connection's reader, its remembered shape changing
+    for frame in frames:
+        cut = data.draw(st.sampled_from([len(frame), 600, 511, 40, 13]))  # whole, or cut short
+        head = frame[: min(cut, HEADER_COPY)]
+        api_key = int.from_bytes(frame[4:6], "big")
+        assert _head_is_enough(headers, head, api_key) == _head_holds_it(head, api_key)
+
+
+@pytest.mark.parametrize("version", [4, 12])
+def test_a_header_that_ends_at_the_heads_last_byte_is_enough(version):
+    headers = RequestHeaderReader()
+    seen = set()
+    for length in range(480, 520):
+        frame = encode_request(
+            MetadataRequest[version](topics=None), correlation_id=5, client_id="c" * length
+        )
+        enough = _head_is_enough(headers, frame[:HEADER_COPY], ApiKey.METADATA)
+        assert enough == _head_holds_it(frame, ApiKey.METADATA)
+        seen.add(enough)
+    assert seen == {True, False}
