@@ -52,6 +52,7 @@ import structlog
 import trio
 
 from corrfix.core import CLOSE_GRACE, DISCARD_LIMIT, ConnectionCore
+from corrfix.proxy._handoff import HandoffLock
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks
 from corrfix.proxy._spares import FrameSpares
@@ -212,8 +213,9 @@ class RelayEngine:
         """Observers that gather a pass's reports, with how many live connections report to each."""
         self._running = False
         self._threaded = threaded
-        self._lock = threading.Lock()
-        """Held by the thread while it serves, and by the trio side while it changes a connection."""
+        self._lock = HandoffLock()
+        """Held by the thread while it serves (through ``raw``, handing it over between passes to
+        a waiting trio side), and by the trio side while it changes a connection."""
         self._clock: trio.abc.Clock | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
@@ -360,7 +362,8 @@ class RelayEngine:
                 os.close(wake_fd)
 
     def _poll_and_serve(self, epoll: select.epoll) -> None:
-        lock = self._lock
+        handoff = self._lock
+        lock = handoff.raw
         while True:
             with lock:
                 if self._stopping:
@@ -374,6 +377,8 @@ class RelayEngine:
                     timeout = -1.0
             ready = epoll.poll(timeout, MAX_EVENTS)
             with lock:
+                # The trio side's turn first, if it waits (it takes the lock between passes).
+                handoff.yield_to_waiters()
                 self._waiting_until = -math.inf
                 if self._stopping:
                     return
@@ -382,6 +387,7 @@ class RelayEngine:
                     for _ in range(BURST):
                         if self._serve(ready) < 2:
                             break
+                        handoff.yield_to_waiters()
                         ready = epoll.poll(0, MAX_EVENTS)
                 except Exception as exc:  # a bug here must cost the connections, never the process
                     for relayed in list(self._live):

@@ -31,6 +31,7 @@ from corrfix.core import (
     Event,
     RepairMachine,
 )
+from corrfix.proxy import _engine as engine_module
 from corrfix.proxy._engine import Relayed, RelayEngine
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
@@ -604,6 +605,33 @@ async def test_a_drain_from_trio_reaches_a_connection_the_thread_relays():
             await link.over.wait()
         assert relayed.core.machine.outstanding == 0
         assert "drain" in link.reason
+
+
+async def test_trio_gets_the_lock_between_two_passes_of_a_busy_thread(monkeypatch):
+    """A change from trio's thread (here a new connection handed over) waits for the pass the
+    thread is in, not until the thread runs out of work. With a plain lock the thread took it
+    again first, and trio's whole loop stopped: 400 clients connecting at once under load were
+    accepted over seconds. Two flooded connections keep every pass at two ready sockets, so
+    the thread stays in its burst of passes, here made as long as the flood."""
+    monkeypatch.setattr(engine_module, "BURST", 1_000_000)
+    engine = RelayEngine(threaded=True, receive_size=RECEIVE, fair_reads=1)
+    flood = b"".join(padded_request(i, 1000) for i in range(2048))  # a thousand passes or more each
+    async with trio.open_nursery() as nursery:
+        busy = [await Link.open(name, buffers=len(flood) + (1 << 20)) for name in ("busy-1", "busy-2")]
+        late = await Link.open("late")
+        with trio.fail_after(TEST_DEADLINE):
+            for link in busy:
+                await link.client.send_all(flood)  # all in the kernel's buffers before the engine looks
+            for link in busy:
+                link.adopt(engine, nursery)
+            await wait_until(lambda: engine.passes >= 20)
+            before = engine.passes
+            late.adopt(engine, nursery)
+            waited = engine.passes - before
+            relayed = available(busy[0].broker)
+        assert relayed < len(flood) // 2, relayed  # the thread was still busy when trio got its turn
+        assert waited <= 3, waited
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_failed_thread_fails_its_connections_and_the_next_one_gets_a_new_thread():
