@@ -126,6 +126,7 @@ class Relayed:
 
     __slots__ = (
         "_engine",
+        "admitted",
         "client",
         "close_linger",
         "core",
@@ -173,6 +174,7 @@ class Relayed:
         self.error: Exception | None = None
         self.over = False
         self.released = False
+        self.admitted = False  # in the engine's set (an adopted one may wait for the thread's next pass)
 
     def forget(self) -> None:
         """Take the connection out of the engine (it may be over already), before its sockets close."""
@@ -213,6 +215,12 @@ class RelayEngine:
         """Observers that gather a pass's reports, with how many live connections report to each."""
         self._running = False
         self._threaded = threaded
+        self._arrivals: list[Relayed] = []
+        """Connections adopted while the thread runs, for it to take in at its next pass: trio's
+        thread does not wait for the pass the thread is in (under load, a pass over a few hundred
+        sockets takes milliseconds, and 400 clients connecting at once waited for one each)."""
+        self._arrivals_lock = threading.Lock()  # held for a list operation at a time, by either side
+        self._admitting = False  # the thread runs and takes arrivals in (under _arrivals_lock)
         self._lock = HandoffLock()
         """Held by the thread while it serves (through ``raw``, handing it over between passes to
         a waiting trio side), and by the trio side while it changes a connection."""
@@ -249,15 +257,15 @@ class RelayEngine:
         if self._clock is None:
             self._clock = trio.lowlevel.current_clock()
             self._token = trio.lowlevel.current_trio_token()
+        with self._arrivals_lock:
+            if self._admitting:  # the thread takes it in at its next pass, woken if idle
+                self._arrivals.append(relayed)
+                os.eventfd_write(self._wake_fd, 1)
+                return relayed
         with self._lock:
             if self._epoll is None:
                 self._epoll = select.epoll()
-            self._live.add(relayed)
-            observer = sinks.observer
-            if isinstance(observer, SerializedObserver) and observer.gathers_passes:
-                self._observers[observer] = self._observers.get(observer, 0) + 1
-            self._sides[relayed.client.fd] = relayed.client
-            self._sides[relayed.upstream.fd] = relayed.upstream
+            self._enter(relayed)
             if not self._running:
                 try:
                     if self._threaded:
@@ -270,11 +278,46 @@ class RelayEngine:
                     self._release(relayed)
                     raise
                 self._running = True
+                if self._threaded:
+                    with self._arrivals_lock:
+                        self._admitting = True
             self._apply(relayed, None)
         return relayed
 
+    def _enter(self, relayed: Relayed) -> None:
+        """Put an adopted connection's sockets in the engine's tables (under the lock)."""
+        self._live.add(relayed)
+        observer = relayed.sinks.observer
+        if isinstance(observer, SerializedObserver) and observer.gathers_passes:
+            self._observers[observer] = self._observers.get(observer, 0) + 1
+        self._sides[relayed.client.fd] = relayed.client
+        self._sides[relayed.upstream.fd] = relayed.upstream
+        relayed.admitted = True
+
+    def _admit(self) -> None:
+        """The thread, between passes: take in the connections adopted meanwhile."""
+        with self._arrivals_lock:
+            arrivals, self._arrivals = self._arrivals, []
+        for relayed in arrivals:
+            if not relayed.over:  # forgotten before its turn: nothing to take in
+                self._enter(relayed)
+                self._apply(relayed, None)
+
+    def _take_in_now(self, relayed: Relayed) -> None:
+        """A change from trio's thread to a connection still waiting to be taken in: take it in
+        first (under the lock), so the change finds it in the set."""
+        if relayed.admitted or relayed.over:
+            return
+        with self._arrivals_lock:
+            if relayed not in self._arrivals:
+                return
+            self._arrivals.remove(relayed)
+        self._enter(relayed)
+        self._apply(relayed, None)
+
     def apply(self, relayed: Relayed, change: Callable[[float], None]) -> None:
         with self._lock:
+            self._take_in_now(relayed)
             self._apply(relayed, change)
 
     def _apply(self, relayed: Relayed, change: Callable[[float], None] | None) -> None:
@@ -289,10 +332,14 @@ class RelayEngine:
             self._fail(relayed, exc)
 
     def forget(self, relayed: Relayed) -> None:
-        """Take the connection's sockets out of the set (before they are closed)."""
-        with self._lock:
-            self._release(relayed)
+        """Take the connection's sockets out of the set (before they are closed). One the engine
+        ended itself, the usual close, is out already: trio's thread does not wait for the lock."""
+        if relayed.released:
             relayed.over = True
+        else:
+            with self._lock:
+                self._release(relayed)
+                relayed.over = True
         if not self._live and self._scope is not None:
             self._scope.cancel()  # nothing left to wait for: the task ends
 
@@ -351,7 +398,10 @@ class RelayEngine:
             failure = exc if isinstance(exc, Exception) else RuntimeError(f"relay engine stopped: {exc!r}")
         finally:
             with self._lock:
-                for relayed in list(self._live):
+                with self._arrivals_lock:
+                    self._admitting = False
+                    waiting, self._arrivals = self._arrivals, []
+                for relayed in [*self._live, *waiting]:
                     self._fail(relayed, failure)
                 self._thread = None
                 self._thread_id = -1
@@ -383,11 +433,15 @@ class RelayEngine:
                 if self._stopping:
                     return
                 try:
+                    if self._arrivals:
+                        self._admit()
                     # Under load more sockets are ready by the end of a pass: look again first.
                     for _ in range(BURST):
                         if self._serve(ready) < 2:
                             break
                         handoff.yield_to_waiters()
+                        if self._arrivals:
+                            self._admit()
                         ready = epoll.poll(0, MAX_EVENTS)
                 except Exception as exc:  # a bug here must cost the connections, never the process
                     for relayed in list(self._live):
@@ -811,7 +865,8 @@ class RelayEngine:
         if not self._live:
             self._spares.clear()  # an idle engine keeps no big buffers
         observer = relayed.sinks.observer
-        if isinstance(observer, SerializedObserver) and observer.gathers_passes:  # counted in adopt
+        if relayed.admitted and isinstance(observer, SerializedObserver) and observer.gathers_passes:
+            # counted when it was taken in
             left = self._observers[observer] - 1
             if left:
                 self._observers[observer] = left

@@ -33,6 +33,7 @@ from corrfix.core import (
 )
 from corrfix.proxy import _engine as engine_module
 from corrfix.proxy._engine import Relayed, RelayEngine
+from corrfix.proxy._handoff import HandoffLock
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
 from corrfix.proxy._spares import FrameSpares
@@ -173,6 +174,13 @@ async def count_until(stream: trio.SocketStream, total: int) -> None:
         data = await stream.receive_some(1 << 20)
         assert data, "closed early"
         total -= len(data)
+
+
+async def _polite_broker(link: Link) -> None:
+    """Reads until the proxy ends its stream to the broker, then closes, as a broker does."""
+    while await link.broker.receive_some(65536):
+        pass
+    await link.broker.aclose()
 
 
 async def polite_client(link: Link) -> None:
@@ -607,30 +615,93 @@ async def test_a_drain_from_trio_reaches_a_connection_the_thread_relays():
         assert "drain" in link.reason
 
 
+async def _busy_thread(engine: RelayEngine, nursery: trio.Nursery) -> tuple[list[Link], int]:
+    """Two connections flooded with requests the thread relays over a thousand passes or more
+    each (two ready sockets a pass keep it in its burst of passes); returns them and the flood's size."""
+    flood = b"".join(padded_request(i, 1000) for i in range(2048))
+    busy = [await Link.open(name, buffers=len(flood) + (1 << 20)) for name in ("busy-1", "busy-2")]
+    for link in busy:
+        await link.client.send_all(flood)  # all in the kernel's buffers before the engine looks
+    for link in busy:
+        link.adopt(engine, nursery)
+    await wait_until(lambda: engine.passes >= 20)
+    return busy, len(flood)
+
+
 async def test_trio_gets_the_lock_between_two_passes_of_a_busy_thread(monkeypatch):
-    """A change from trio's thread (here a new connection handed over) waits for the pass the
-    thread is in, not until the thread runs out of work. With a plain lock the thread took it
-    again first, and trio's whole loop stopped: 400 clients connecting at once under load were
-    accepted over seconds. Two flooded connections keep every pass at two ready sockets, so
-    the thread stays in its burst of passes, here made as long as the flood."""
+    """A change from trio's thread (here a drain) waits for the pass the thread is in, not until
+    the thread runs out of work. With a plain lock the thread took it again first, and trio's
+    whole loop stopped: 400 clients connecting at once under load waited seconds. The thread's
+    bursts of passes are made as long as the flood."""
     monkeypatch.setattr(engine_module, "BURST", 1_000_000)
     engine = RelayEngine(threaded=True, receive_size=RECEIVE, fair_reads=1)
-    flood = b"".join(padded_request(i, 1000) for i in range(2048))  # a thousand passes or more each
     async with trio.open_nursery() as nursery:
-        busy = [await Link.open(name, buffers=len(flood) + (1 << 20)) for name in ("busy-1", "busy-2")]
-        late = await Link.open("late")
         with trio.fail_after(TEST_DEADLINE):
-            for link in busy:
-                await link.client.send_all(flood)  # all in the kernel's buffers before the engine looks
-            for link in busy:
-                link.adopt(engine, nursery)
-            await wait_until(lambda: engine.passes >= 20)
+            busy, flood = await _busy_thread(engine, nursery)
             before = engine.passes
-            late.adopt(engine, nursery)
+            assert busy[0].relayed is not None
+            busy[0].relayed.apply(lambda now: None)
             waited = engine.passes - before
             relayed = available(busy[0].broker)
-        assert relayed < len(flood) // 2, relayed  # the thread was still busy when trio got its turn
+        assert relayed < flood // 2, relayed  # the thread was still busy when trio got its turn
         assert waited <= 3, waited
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_adopted_while_the_thread_is_busy_wait_for_no_pass(monkeypatch):
+    """trio's thread hands a connection over without the engine's lock: the thread takes it in
+    at its next pass. Each is then relayed as any other."""
+    monkeypatch.setattr(engine_module, "BURST", 1_000_000)
+    engine = RelayEngine(threaded=True, receive_size=RECEIVE, fair_reads=1)
+    trio_thread = threading.get_ident()
+    entered: list[int] = []
+    enter = HandoffLock.__enter__
+
+    def counted(lock: HandoffLock) -> None:
+        entered.append(threading.get_ident())
+        enter(lock)
+
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(TEST_DEADLINE):
+            busy, flood = await _busy_thread(engine, nursery)
+            late = [await Link.open(f"late-{i}") for i in range(10)]
+            monkeypatch.setattr(HandoffLock, "__enter__", counted)
+            for link in late:
+                link.adopt(engine, nursery)
+            monkeypatch.setattr(HandoffLock, "__enter__", enter)
+            assert available(busy[0].broker) < flood // 2  # the thread was busy throughout
+            assert trio_thread not in entered
+            for i, link in enumerate(late):
+                await link.round_trip(i)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("change", ["drain", "close"])
+async def test_a_connection_changed_right_after_its_adoption_is_changed_whether_taken_in_or_not(change):
+    """A drain or a close from trio's thread may find the connection still waiting for the
+    thread's next pass: a drain takes it in first, a close leaves nothing behind."""
+    engine = RelayEngine(threaded=True)
+    async with trio.open_nursery() as nursery:
+        first = await Link.open("first")
+        first.adopt(engine, nursery)  # starts the thread: the next ones are queued for it
+        with trio.fail_after(TEST_DEADLINE):
+            await first.round_trip(1)
+            for round in range(20):
+                link = await Link.open(f"{change}-{round}")
+                relayed = link.adopt(engine, nursery)
+                if change == "drain":
+                    nursery.start_soon(polite_client, link)
+                    nursery.start_soon(_polite_broker, link)
+                    relayed.apply(relayed.core.drain)
+                    assert relayed.admitted  # in the set, where the thread carries the drain out
+                    await link.over.wait()
+                    assert "drain" in link.reason
+                else:
+                    link._close()
+                    assert relayed.over and relayed.released
+                    assert link.proxy_client.socket.fileno() == -1
+            await first.round_trip(2)  # the engine serves on
+        assert engine.connections == 1
         nursery.cancel_scope.cancel()
 
 
