@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -26,20 +25,16 @@ from pathlib import Path
 import loadgen
 import targets
 from frames import produce_frame
+from stats import median, percentile
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def _percentile(values: list[float], share: float) -> float:
-    return values[min(len(values) - 1, int(share * len(values)))]
-
-
 def _figures(result: loadgen.LoadResult) -> dict[str, float]:
-    latencies = sorted(result.latencies)
     return {
         "requests_per_second": round(result.requests_per_second),
         **{
-            f"{name}_ms": round(_percentile(latencies, share) * 1e3, 2)
+            f"{name}_ms": round(percentile(result.latencies, share) * 1e3, 2)
             for name, share in (("p50", 0.5), ("p99", 0.99), ("p99_9", 0.999), ("max", 1.0))
         },
     }
@@ -89,7 +84,7 @@ def main() -> int:
                     runs.setdefault(name, []).append(figures)
                     print(name, figures, flush=True)
     summary = {
-        name: {key: statistics.median(run[key] for run in results) for key in results[0]}
+        name: {key: median([run[key] for run in results]) for key in results[0]}
         for name, results in runs.items()
     }
     out = RESULTS / f"storm-{datetime.now().date()}.json"
