@@ -34,14 +34,14 @@ class Target:
     pid: int | None
 
 
-class _Child:
+class Child:
     """A child process started and stopped in order, ready once its port accepts."""
 
     def __init__(self, command: list[str], port: int, log_path: Path) -> None:
         self.command, self.port, self.log_path = command, port, log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> _Child:
+    def __enter__(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -69,7 +69,7 @@ class _Child:
 def echo_broker(work: Path) -> Iterator[Target]:
     port = free_port()
     command = [sys.executable, str(HERE / "echo_broker.py"), "--port", str(port)]
-    with _Child(command, port, work / "echo.log") as child:
+    with Child(command, port, work / "echo.log") as child:
         assert child.proc is not None
         yield Target("direct", port, child.proc.pid)
 
@@ -101,7 +101,7 @@ def haproxy(upstream: int, work: Path, port: int | None = None) -> Iterator[Targ
         "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 120s\n  timeout server 120s\n"
         f"listen relay\n  bind {LOOPBACK}:{port}\n  server broker {LOOPBACK}:{upstream}\n"
     )
-    with _Child([binary, "-db", "-f", str(config)], port, work / "haproxy.log") as child:
+    with Child([binary, "-db", "-f", str(config)], port, work / "haproxy.log") as child:
         assert child.proc is not None
         yield Target("haproxy", port, child.proc.pid)
 
@@ -112,7 +112,7 @@ def bare_relay(upstream: int, work: Path) -> Iterator[Target]:
     port = free_port()
     command = [sys.executable, str(HERE / "bare_relay.py"), "--listen", f"{LOOPBACK}:{port}"]
     command += ["--upstream", f"{LOOPBACK}:{upstream}"]
-    with _Child(command, port, work / "bare-python.log") as child:
+    with Child(command, port, work / "bare-python.log") as child:
         assert child.proc is not None
         yield Target("bare-python", port, child.proc.pid)
 
