@@ -419,7 +419,11 @@ class RelayEngine:
                 if self._stopping:
                     return
                 heap = self._heap
-                if heap:
+                if self._arrivals:
+                    # Queued after the pass last looked: its wake-up may have been read along
+                    # with an earlier one's, so the poll must not wait for another.
+                    timeout = 0.0
+                elif heap:
                     self._waiting_until = heap[0][0]
                     timeout = max(heap[0][0] - self._now(), 0.0)
                 else:
@@ -860,25 +864,29 @@ class RelayEngine:
     def _release(self, relayed: Relayed) -> None:
         if relayed.released:
             return
-        relayed.released = True
-        self._live.discard(relayed)
-        if not self._live:
-            self._spares.clear()  # an idle engine keeps no big buffers
-        observer = relayed.sinks.observer
-        if relayed.admitted and isinstance(observer, SerializedObserver) and observer.gathers_passes:
-            # counted when it was taken in
-            left = self._observers[observer] - 1
-            if left:
-                self._observers[observer] = left
-            else:
-                del self._observers[observer]
-        for side in (relayed.client, relayed.upstream):
-            if self._sides.get(side.fd) is side:
-                del self._sides[side.fd]
-            if side.mask and self._epoll is not None:
-                with contextlib.suppress(OSError):
-                    self._epoll.unregister(side.fd)
-                side.mask = 0
+        try:
+            self._live.discard(relayed)
+            if not self._live:
+                self._spares.clear()  # an idle engine keeps no big buffers
+            observer = relayed.sinks.observer
+            if relayed.admitted and isinstance(observer, SerializedObserver) and observer.gathers_passes:
+                # counted when it was taken in
+                left = self._observers[observer] - 1
+                if left:
+                    self._observers[observer] = left
+                else:
+                    del self._observers[observer]
+            for side in (relayed.client, relayed.upstream):
+                if self._sides.get(side.fd) is side:
+                    del self._sides[side.fd]
+                if side.mask and self._epoll is not None:
+                    with contextlib.suppress(OSError):
+                        self._epoll.unregister(side.fd)
+                    side.mask = 0
+        finally:
+            # Last: trio's thread reads it without the lock, then closes the sockets, whose
+            # numbers a new connection may take at once.
+            relayed.released = True
 
 
 _ENGINE: trio.lowlevel.RunVar[RelayEngine] = trio.lowlevel.RunVar("corrfix_relay_engine")

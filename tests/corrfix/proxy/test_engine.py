@@ -705,6 +705,39 @@ async def test_a_connection_changed_right_after_its_adoption_is_changed_whether_
         nursery.cancel_scope.cancel()
 
 
+async def test_a_connection_queued_while_the_thread_takes_in_another_is_not_left_waiting():
+    """trio's thread queues a connection and wakes the thread with one eventfd write; the
+    thread reads the eventfd in its pass. A connection queued after the pass looked at the
+    queue, but before it read the eventfd, had its wake-up read with the other's: the thread
+    then slept in ``poll`` with it still queued, until some other socket or deadline woke it
+    (the idle deadline, ten minutes by default)."""
+    engine = RelayEngine(threaded=True)
+    token = trio.lowlevel.current_trio_token()
+    admit = engine._admit
+    async with trio.open_nursery() as nursery:
+        first, a, b = await Link.open("first"), await Link.open("a"), await Link.open("b")
+        first.adopt(engine, nursery)  # starts the thread: the next ones are queued for it
+        with trio.fail_after(TEST_DEADLINE):
+            await first.round_trip(1)
+            # Until the heap's next entry is far off, a deadline would wake the thread soon anyway.
+            await wait_until(lambda: bool(engine._heap) and engine._heap[0][0] > trio.current_time() + 10)
+
+        def admit_then_queue_b() -> None:
+            """The thread takes ``a`` in; meanwhile trio's thread queues ``b`` (forced here,
+            between the queue's check and the eventfd's read, where it can happen by chance)."""
+            admit()
+            engine._admit = admit  # type: ignore[method-assign]
+            trio.from_thread.run_sync(b.adopt, engine, nursery, trio_token=token)
+
+        engine._admit = admit_then_queue_b  # type: ignore[method-assign]
+        a.adopt(engine, nursery)
+        with trio.fail_after(3.0):  # taken in at the thread's next pass, not at a deadline
+            await b.round_trip(3)  # first: traffic on ``a`` would wake the thread anyway
+        with trio.fail_after(TEST_DEADLINE):
+            await a.round_trip(2)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_failed_thread_fails_its_connections_and_the_next_one_gets_a_new_thread():
     engine = RelayEngine(threaded=True)
     loop = engine._poll_and_serve
