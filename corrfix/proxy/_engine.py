@@ -521,27 +521,31 @@ class RelayEngine:
         sides = self._sides
         dirty: list[Relayed] = []
         self._dirty = dirty
-        for fd, flags in ready:
-            side = sides.get(fd)
-            if side is None:
-                if fd == self._wake_fd:
-                    with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(fd)
-                continue  # or its connection ended earlier in this pass
-            relayed = side.owner
-            try:
-                if flags & _OUT or (side.backlog and flags & _READABLE):
-                    self._flush(side, now)
-                if flags & _READABLE and side.mask & _IN and not relayed.over:
-                    if side.client and relayed.phase == _DISCARDING:
-                        self._discard(side)
-                    else:
-                        self._receive(side, now)
-            except Exception as exc:
-                self._fail(relayed, exc)
-        if self._heap and self._heap[0][0] <= now:
-            self._timers(now)
-        self._dirty = None
+        try:
+            for fd, flags in ready:
+                side = sides.get(fd)
+                if side is None:
+                    if fd == self._wake_fd:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(fd)
+                    continue  # or its connection ended earlier in this pass
+                relayed = side.owner
+                try:
+                    if flags & _OUT or (side.backlog and flags & _READABLE):
+                        self._flush(side, now)
+                    if flags & _READABLE and side.mask & _IN and not relayed.over:
+                        if side.client and relayed.phase == _DISCARDING:
+                            self._discard(side)
+                        else:
+                            self._receive(side, now)
+                except Exception as exc:
+                    self._fail(relayed, exc)
+            if self._heap and self._heap[0][0] <= now:
+                self._timers(now)
+        finally:
+            # Even after a bug: a connection changed outside a pass is scheduled at once, not
+            # put on a list no pass will read.
+            self._dirty = None
         for relayed in dirty:  # each connection's deadline read once per pass, however often it was fed
             relayed.dirty = False
             if not relayed.over:

@@ -8,6 +8,7 @@ that what goes wrong on one connection stays there.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
@@ -735,6 +736,38 @@ async def test_a_connection_queued_while_the_thread_takes_in_another_is_not_left
             await b.round_trip(3)  # first: traffic on ``a`` would wake the thread anyway
         with trio.fail_after(TEST_DEADLINE):
             await a.round_trip(2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_taken_in_right_after_a_failed_pass_still_closes_at_its_deadline():
+    """A bug escaping a pass costs the connections the engine had, and only them. A connection
+    queued meanwhile is taken in before the next pass: it must be scheduled then, not put on
+    the failed pass's list of connections whose deadlines that pass was to read (its
+    deadlines then never fired)."""
+    engine = RelayEngine(threaded=True)
+    token = trio.lowlevel.current_trio_token()
+    timers = engine._timers
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+
+        def queue_b_then_break(now: float) -> None:
+            engine._timers = timers  # type: ignore[method-assign]
+            trio.from_thread.run_sync(
+                b.adopt, engine, nursery, ConnectionConfig(idle_timeout=0.3), trio_token=token
+            )
+            raise RuntimeError("timers broke")
+
+        engine._timers = queue_b_then_break  # type: ignore[method-assign]
+        with trio.fail_after(TEST_DEADLINE):
+            a.adopt(engine, nursery, ConnectionConfig(idle_timeout=0.1))
+            await a.over.wait()  # its idle deadline ran the broken timers
+            assert str(a.error) == "timers broke"
+            await wait_until(lambda: b.relayed is not None and b.relayed.admitted)
+            assert b.relayed is not None
+            due = b.relayed.scheduled
+            await b.over.wait()
+        assert due < math.inf  # scheduled when it was taken in
+        assert "idle" in b.reason
         nursery.cancel_scope.cancel()
 
 
