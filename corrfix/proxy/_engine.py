@@ -300,7 +300,11 @@ class RelayEngine:
             arrivals, self._arrivals = self._arrivals, []
         for relayed in arrivals:
             if not relayed.over:  # forgotten before its turn: nothing to take in
-                self._enter(relayed)
+                try:
+                    self._enter(relayed)
+                except Exception as exc:  # a bug costs this connection, not those queued after it
+                    self._fail(relayed, exc)
+                    continue
                 self._apply(relayed, None)
 
     def _take_in_now(self, relayed: Relayed) -> None:
@@ -402,7 +406,10 @@ class RelayEngine:
                     self._admitting = False
                     waiting, self._arrivals = self._arrivals, []
                 for relayed in [*self._live, *waiting]:
-                    self._fail(relayed, failure)
+                    try:
+                        self._fail(relayed, failure)
+                    except Exception:  # the engine must still let go of the dead thread and its set
+                        _log.exception("relay engine failed to close a connection as it stopped")
                 self._thread = None
                 self._thread_id = -1
                 self._running = False

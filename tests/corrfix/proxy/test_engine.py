@@ -793,6 +793,63 @@ async def test_a_failed_thread_fails_its_connections_and_the_next_one_gets_a_new
         nursery.cancel_scope.cancel()
 
 
+async def test_a_connection_that_cannot_be_taken_in_costs_only_itself():
+    """Connections queued together are taken in one after another: one the engine fails to
+    take in is closed with the error, and the ones queued after it are still relayed."""
+    engine = RelayEngine(threaded=True)
+    enter = engine._enter
+    async with trio.open_nursery() as nursery:
+        first, bad, good = await Link.open("first"), await Link.open("bad"), await Link.open("good")
+
+        def enter_but_bad(relayed: Relayed) -> None:
+            if relayed is bad.relayed:
+                raise RuntimeError("cannot take it in")
+            enter(relayed)
+
+        engine._enter = enter_but_bad  # type: ignore[method-assign]
+        first.adopt(engine, nursery)  # starts the thread: the next ones are queued for it
+        with trio.fail_after(TEST_DEADLINE):
+            await first.round_trip(1)
+            with engine._lock:  # the thread waits between passes: both are queued before it looks
+                bad.adopt(engine, nursery)
+                good.adopt(engine, nursery)
+            await bad.over.wait()
+            await good.round_trip(2)
+        assert str(bad.error) == "cannot take it in"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_thread_that_fails_to_close_a_connection_as_it_stops_still_makes_way_for_a_new_one():
+    """The thread's loop broke, and closing one of its connections then failed too: the engine
+    still forgets the dead thread and its set, so the next connection gets a new thread
+    rather than a set nobody serves."""
+    engine = RelayEngine(threaded=True)
+    loop, release = engine._poll_and_serve, engine._release
+
+    def broken_once(epoll: select.epoll) -> None:
+        engine._poll_and_serve = loop  # type: ignore[method-assign]
+        raise RuntimeError("epoll broke")
+
+    def release_failing_once(relayed: Relayed) -> None:
+        engine._release = release  # type: ignore[method-assign]
+        release(relayed)
+        raise RuntimeError("release broke")
+
+    engine._poll_and_serve = broken_once  # type: ignore[method-assign]
+    engine._release = release_failing_once  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        a, b = await Link.open("a"), await Link.open("b")
+        with capture_logs() as logs:
+            a.adopt(engine, nursery)
+            with trio.fail_after(TEST_DEADLINE):
+                await wait_until(lambda: not engine_threads())
+        assert "relay engine failed to close a connection as it stopped" in [log["event"] for log in logs]
+        b.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await b.round_trip(1)  # served by a new thread
+        nursery.cancel_scope.cancel()
+
+
 def test_the_thread_ends_with_the_trio_run():
     async def relay_one() -> None:
         engine = RelayEngine(threaded=True)
