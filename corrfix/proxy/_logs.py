@@ -2,10 +2,15 @@
 
 With ``--log-file`` the lines go to a file that :func:`reopen_log_file` opens anew (SIGHUP),
 so logrotate can move the file away and corrfix goes on in a fresh one.
+
+A line the output cannot take (a full disk, a closed stderr) is dropped and counted, never
+raised: every part of the proxy logs, from the relay engine's thread to the capture
+writer's, and a log that fails must not fail what it reports on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -22,6 +27,9 @@ class ReopenableFile:
         self.path = path
         self._lock = threading.Lock()
         self._file = self._open()
+        self.refused = 0
+        """Writes the file refused (a full disk), whose text is lost; ``print`` writes a line
+        and its newline apart."""
 
     def _open(self) -> TextIO:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,17 +37,22 @@ class ReopenableFile:
 
     def write(self, text: str) -> int:
         with self._lock:
-            return self._file.write(text)
+            try:
+                return self._file.write(text)
+            except (OSError, ValueError):  # ValueError: a line logged after close()
+                self.refused += 1
+                return 0
 
     def flush(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError, ValueError):
             self._file.flush()
 
     def reopen(self) -> None:
         """Close the file and open ``path`` again (a new file if it was moved away)."""
         with self._lock:
             old, self._file = self._file, self._open()
-        old.close()
+        with contextlib.suppress(OSError):  # its last buffered line, on a full disk
+            old.close()
 
     def close(self) -> None:
         with self._lock:
@@ -50,11 +63,20 @@ class _Stderr:
     """Whatever ``sys.stderr`` is when a line is written, not when logging was set up: a
     process (or a test run) that replaces stderr keeps getting corrfix's lines."""
 
+    def __init__(self) -> None:
+        self.refused = 0
+        """Writes stderr refused (a closed pipe), whose text is lost."""
+
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):
+            self.refused += 1
+            return 0
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 _log_file: ReopenableFile | None = None

@@ -24,9 +24,12 @@ from corrfix.capture import (
 )
 from corrfix.capture.format import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
 from corrfix.core import RepairConfig
+from corrfix.proxy import _logs as proxy_logs
+from corrfix.proxy._logs import configure_logging
 from protocol import ApiKey, parse_request_header
 from protocol.testing import encode_request, encode_response, request_frame, response_frame
 from tests.support.capture_shell import Shell, run_repair_scenario
+from tests.support.refusing_output import RefusingOutput
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -320,17 +323,22 @@ def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
     assert not upstream_response["frame"].endswith(b"rewritten")  # what the broker sent, before rewriting
 
 
-def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeypatch):
-    writer = CaptureWriter(tmp_path, flush_seconds=60.0)
+def first_write_fails(writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's first batch meets a full disk; the next ones are written."""
     original = writer._files.write
     failures = [OSError(28, "No space left on device")]
 
-    def write(batch):
+    def write(batch: pa.RecordBatch) -> None:
         if failures:
             raise failures.pop()
         original(batch)
 
     monkeypatch.setattr(writer._files, "write", write)
+
+
+def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeypatch):
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0)
+    first_write_fails(writer, monkeypatch)
     writer.start()
     shell = Shell(writer)
     shell.open()
@@ -341,6 +349,32 @@ def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeyp
     assert [r["kind"] for r in rows_of(tmp_path)] == ["frame", "frame", "close"]
     summary = read_summaries(tmp_path)[0]
     assert (summary.rows_written, summary.rows_lost, summary.rows_lost_by_kind) == (3, 1, {"open": 1})
+
+
+def test_a_failed_write_whose_error_cannot_be_logged_either_still_costs_only_its_rows(tmp_path, monkeypatch):
+    """A full disk under both the capture and the ``--log-file``: the writer's error line is
+    refused too. The writer thread goes on, counts the lost rows, and writes the rest."""
+    configure_logging(json=True, file=tmp_path / "proxy.log")
+    log_file = proxy_logs._log_file
+    assert log_file is not None
+    monkeypatch.setattr(log_file, "_file", RefusingOutput(OSError(28, "No space left on device")))
+    capture = tmp_path / "capture"
+    writer = CaptureWriter(capture, flush_seconds=60.0)
+    first_write_fails(writer, monkeypatch)
+    writer.start()
+    try:
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)  # the open row is lost, and its error line with it
+        assert log_file.refused
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        shell.close()
+    finally:
+        writer.close()
+        proxy_logs._log_file = None
+    assert [r["kind"] for r in rows_of(capture)] == ["frame", "frame", "close"]
+    summary = read_summaries(capture)[0]
+    assert (summary.rows_written, summary.rows_lost) == (3, 1)
 
 
 def raw_token(data: bytes) -> bytes:

@@ -1,0 +1,49 @@
+"""The log's outputs: a line they cannot take is dropped and counted, never raised into the
+proxy (the relay engine's thread and the capture writer's log too)."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import structlog
+
+from corrfix.proxy import _logs
+from corrfix.proxy._logs import configure_logging
+from tests.support.refusing_output import RefusingOutput
+
+
+def test_a_log_file_on_a_full_disk_drops_its_lines_and_goes_on_once_it_can(tmp_path):
+    path = tmp_path / "proxy.log"
+    configure_logging(json=True, file=path)
+    output = _logs._log_file
+    assert output is not None
+    try:
+        output._file = RefusingOutput(OSError(errno.ENOSPC, "No space left on device"))  # type: ignore[assignment]
+        structlog.get_logger("corrfix.test").info("lost", n=1)  # must not raise
+        assert output.refused >= 1
+        output.reopen()  # logrotate's SIGHUP, once there is room again
+        structlog.get_logger("corrfix.test").info("kept", n=2)
+    finally:
+        output.close()
+        _logs._log_file = None
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["kept"]
+
+
+def test_a_closed_stderr_drops_the_lines_and_the_caller_goes_on(monkeypatch):
+    configure_logging(json=True)
+    refusing = RefusingOutput(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    monkeypatch.setattr("sys.stderr", refusing)
+    structlog.get_logger("corrfix.test").error("nobody reads this")  # must not raise
+
+
+def test_a_line_logged_after_the_file_was_closed_is_dropped(tmp_path):
+    configure_logging(json=True, file=tmp_path / "proxy.log")
+    output = _logs._log_file
+    assert output is not None
+    output.close()
+    try:
+        structlog.get_logger("corrfix.test").info("after close")  # must not raise
+        assert output.refused >= 1
+    finally:
+        _logs._log_file = None
