@@ -163,14 +163,8 @@ def _floor_proxy(floor: str, upstream: int, work: Path) -> Iterator[Any]:
     import targets
 
     port = targets.free_port()
-    proxy = [
-        "proxy",
-        "--listen",
-        f"{targets.LOOPBACK}:{port}",
-        "--upstream",
-        f"{targets.LOOPBACK}:{upstream}",
-    ]
-    command = [sys.executable, __file__, "--serve", floor, "--", *proxy, "--log-json"]
+    proxy = [*targets.proxy_arguments(port, upstream), "--log-json"]
+    command = [sys.executable, __file__, "--serve", floor, "--", *proxy]
     with targets.Child(command, port, work / f"floor-{floor}.log") as child:
         assert child.proc is not None
         yield targets.Target(f"corrfix-{floor}", port, child.proc.pid)

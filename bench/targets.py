@@ -117,14 +117,18 @@ def bare_relay(upstream: int, work: Path) -> Iterator[Target]:
         yield Target("bare-python", port, child.proc.pid)
 
 
+def proxy_arguments(port: int, upstream: int) -> list[str]:
+    """``corrfix proxy`` listening on ``port`` in front of ``upstream``, both on loopback."""
+    return ["proxy", "--listen", f"{LOOPBACK}:{port}", "--upstream", f"{LOOPBACK}:{upstream}"]
+
+
 @contextlib.contextmanager
 def corrfix(
     upstream: int, work: Path, name: str, *, workers: int = 1, extra: list[str] | None = None
 ) -> Iterator[Target]:
     """``corrfix proxy`` in front of ``upstream``; with workers, ready once every worker listens."""
     port = free_port()
-    args = ["proxy", "--listen", f"{LOOPBACK}:{port}", "--upstream", f"{LOOPBACK}:{upstream}"]
-    args += ["--workers", str(workers), *(extra or [])]
+    args = [*proxy_arguments(port, upstream), "--workers", str(workers), *(extra or [])]
     process = CorrfixProcess(args, port, work / f"{name}.log")
     with process:
         deadline = time.monotonic() + 15

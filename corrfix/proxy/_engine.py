@@ -300,12 +300,16 @@ class RelayEngine:
             arrivals, self._arrivals = self._arrivals, []
         for relayed in arrivals:
             if not relayed.over:  # forgotten before its turn: nothing to take in
-                try:
-                    self._enter(relayed)
-                except Exception as exc:  # a bug costs this connection, not those queued after it
-                    self._fail(relayed, exc)
-                    continue
-                self._apply(relayed, None)
+                self._take_in(relayed)
+
+    def _take_in(self, relayed: Relayed) -> None:
+        """Enter a queued connection and carry out what its core decided so far (under the lock)."""
+        try:
+            self._enter(relayed)
+        except Exception as exc:  # a bug costs this connection, not those queued after it
+            self._fail(relayed, exc)
+            return
+        self._apply(relayed, None)
 
     def _take_in_now(self, relayed: Relayed) -> None:
         """A change from trio's thread to a connection still waiting to be taken in: take it in
@@ -316,8 +320,7 @@ class RelayEngine:
             if relayed not in self._arrivals:
                 return
             self._arrivals.remove(relayed)
-        self._enter(relayed)
-        self._apply(relayed, None)
+        self._take_in(relayed)
 
     def apply(self, relayed: Relayed, change: Callable[[float], None]) -> None:
         with self._lock:
