@@ -229,24 +229,33 @@ class RowColumns:
         some rows have, by the row's index.
         One lock and one bound check for them all; when they do not all fit, each run (one
         call's rows) keeps its first rows that fit, in order, and loses the others, as if
-        each had been queued on its own."""
-        rows = len(records) // RECORD_SIZE
-        stored = sum(map(len, frames))
-        size = ROW_OVERHEAD * rows + stored
+        each had been queued on its own.
+        Every row given is queued or counted lost, once, even when this raises (a bug): the
+        rows not queued by then are counted, so the caller has none left to count."""
         dropped = False
         with self._lock:
-            if (
-                self.closed
-                or self._rows + rows > self.max_rows
-                or self._bytes + size > self.max_bytes
-                or self._end + stored > self._capacity
-            ):
-                dropped = True
-                runs, records, frames, extras = self._fitting(runs, records, rows, frames, extras)
+            pending = records  # rows neither queued nor counted lost yet
+            try:
                 rows = len(records) // RECORD_SIZE
                 stored = sum(map(len, frames))
                 size = ROW_OVERHEAD * rows + stored
-            wake = self._queue(runs, records, rows, frames, stored, extras, size) if rows else False
+                if (
+                    self.closed
+                    or self._rows + rows > self.max_rows
+                    or self._bytes + size > self.max_bytes
+                    or self._end + stored > self._capacity
+                ):
+                    dropped = True
+                    runs, records, frames, extras, lost = self._fitting(runs, records, rows, frames, extras)
+                    pending = records
+                    self._lose(lost)
+                    rows = len(records) // RECORD_SIZE
+                    stored = sum(map(len, frames))
+                    size = ROW_OVERHEAD * rows + stored
+                wake = self._queue(runs, records, rows, frames, stored, extras, size) if rows else False
+            except BaseException:
+                self._lose(kinds_of(pending))  # _queue left none of them queued
+                raise
         if dropped:
             self._maybe_warn()
         if wake and not self.wake.is_set():
@@ -260,11 +269,16 @@ class RowColumns:
         frames: list[bytes | bytearray | memoryview],
         extras: list[tuple[int, Extra]],
     ) -> tuple[
-        list[tuple[str, int]], bytearray, list[bytes | bytearray | memoryview], list[tuple[int, Extra]]
+        list[tuple[str, int]],
+        bytearray,
+        list[bytes | bytearray | memoryview],
+        list[tuple[int, Extra]],
+        Counter[str],
     ]:
-        """Each run's first rows that fit, after the runs before it (the lock held); the
-        others are counted as lost. A run is one call's rows: a big row that does not fit
-        costs the rest of its own call, never another connection's rows."""
+        """Each run's first rows that fit, after the runs before it (the lock held), and the
+        others by kind, for the caller to count lost once this has not failed. A run is one
+        call's rows: a big row that does not fit costs the rest of its own call, never
+        another connection's rows."""
         table = np.frombuffer(records, _DTYPE, rows)
         copies = np.maximum(table["stored"], 0)
         seq, shapes = table["seq"], table["shape"]
@@ -272,6 +286,7 @@ class RowColumns:
         kept_records = bytearray()
         kept_frames: list[bytes | bytearray | memoryview] = []
         kept_extras: list[tuple[int, Extra]] = []
+        lost: Counter[str] = Counter()
         used_rows, used_bytes, used_end = self._rows, self._bytes, self._end
         start = piece = kept = 0
         for connection, run in runs:
@@ -301,9 +316,9 @@ class RowColumns:
                 used_end += fit_bytes
                 kept += fit
             if fit < run:
-                self._lose(_kinds(shapes[start + fit : stop]), run - fit)
+                lost.update(_kinds(shapes[start + fit : stop]))
             start = stop
-        return kept_runs, kept_records, kept_frames, kept_extras
+        return kept_runs, kept_records, kept_frames, kept_extras, lost
 
     def _queue(
         self,
@@ -315,34 +330,49 @@ class RowColumns:
         extras: list[tuple[int, Extra]],
         size: int,
     ) -> bool:
-        """Append the rows (the lock held); whether the writer should wake."""
+        """Append the rows (the lock held), all of them or, when this raises, none: a half
+        appended call would leave records, frame bytes and counts that disagree, and the
+        writer could not convert the swap that holds it. Returns whether the writer should wake."""
         count = self._rows
-        slots = self._slots
-        for connection, run in runs:
-            slot = slots.get(connection)
-            if slot is None:
-                slot = slots[connection] = len(self._connections)
-                self._connections.append(connection)
-            self._run_slots.append(slot)
-            self._run_rows.append(run)
-        self._records += records
-        if frames:
-            buffer, end = self._frames, self._end
-            if len(frames) > 1 and stored <= _JOIN_BELOW and stored < _JOIN_PIECE * len(frames):
-                buffer[end : end + stored] = b"".join(frames)
-            else:
-                for frame in frames:
-                    start, end = end, end + len(frame)
-                    buffer[start:end] = frame
-            self._end += stored
-        if extras:
-            self._extras += [(count + i, *extra) for i, extra in extras]
+        had_connections, had_runs, had_extras = (
+            len(self._connections),
+            len(self._run_slots),
+            len(self._extras),
+        )
+        try:
+            slots = self._slots
+            for connection, run in runs:
+                slot = slots.get(connection)
+                if slot is None:
+                    slot = slots[connection] = len(self._connections)
+                    self._connections.append(connection)
+                self._run_slots.append(slot)
+                self._run_rows.append(run)
+            self._records += records
+            if frames:  # bytes past _end are not queued until _end moves
+                buffer, end = self._frames, self._end
+                if len(frames) > 1 and stored <= _JOIN_BELOW and stored < _JOIN_PIECE * len(frames):
+                    buffer[end : end + stored] = b"".join(frames)
+                else:
+                    for frame in frames:
+                        start, end = end, end + len(frame)
+                        buffer[start:end] = frame
+            if extras:
+                self._extras += [(count + i, *extra) for i, extra in extras]
+        except BaseException:
+            for connection in self._connections[had_connections:]:
+                del self._slots[connection]
+            del self._connections[had_connections:], self._run_slots[had_runs:], self._run_rows[had_runs:]
+            del self._records[count * RECORD_SIZE :], self._extras[had_extras:]
+            raise
+        self._end += stored
         self._rows = count = count + rows
         self._bytes += size
         self.accepted += rows
         return count >= self._wake_rows or self._bytes >= self._wake_bytes
 
-    def _lose(self, kinds: Counter[str], rows: int) -> None:
+    def _lose(self, kinds: Counter[str]) -> None:
+        rows = sum(kinds.values())
         self.lost += rows
         self._lost_since_warning += rows
         self.lost_by_kind.update(kinds)
@@ -382,7 +412,7 @@ class RowColumns:
     def count_lost(self, kinds: Counter[str]) -> None:
         """Rows that were queued but could not be written."""
         with self._lock:
-            self._lose(kinds, sum(kinds.values()))
+            self._lose(kinds)
         self._maybe_warn()
 
     def _maybe_warn(self) -> None:

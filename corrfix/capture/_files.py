@@ -33,6 +33,11 @@ from corrfix.capture.format import FILE_SUFFIX
 _BUFFER_BYTES = 1 << 20  # a batch larger than this goes out in more than one write
 
 
+class UnfinishedFileError(OSError):
+    """A batch was written and is readable, but the file it filled could not be finished
+    (its end-of-stream marker): the batch's rows are in the file, not lost."""
+
+
 def capture_stem(capture_id: str, started_wall_ns: int) -> str:
     """``capture-20250102T030405.123456Z-1a2b3c4d``: the common start of a capture's file names."""
     started = datetime.fromtimestamp(started_wall_ns / 1e9, UTC)
@@ -70,7 +75,8 @@ class CaptureFiles:
         self._released = 0  # the file's bytes before this have been dropped from the cache
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Append one batch; it is readable when this returns."""
+        """Append one batch; it is readable when this returns, even when finishing the file
+        it filled then fails (:class:`UnfinishedFileError`)."""
         self.rotate_if_old()
         if self._writer is None:
             self._open()
@@ -83,7 +89,10 @@ class CaptureFiles:
         if self._release_cache:
             self._leave_page_cache(size)
         if size >= self.rotate_bytes:
-            self.finish_file()
+            try:
+                self.finish_file()
+            except (OSError, pa.ArrowException) as exc:
+                raise UnfinishedFileError(f"{self.files[-1]} could not be finished: {exc}") from exc
 
     def _leave_page_cache(self, size: int) -> None:
         """Start writeback of what was just written; drop what was written the batch before."""

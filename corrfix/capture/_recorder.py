@@ -44,7 +44,6 @@ from corrfix.capture._columns import (
     WARNING_INTERVAL,
     Extra,
     RowColumns,
-    kinds_of,
     pack_row,
 )
 from corrfix.capture._sasl_v0 import SaslTokens
@@ -171,11 +170,15 @@ class Recorder:
         self._holding = True
 
     def end_pass(self) -> None:
-        """Queue what the pass gathered (before saying the pass is over: a flush waits for it)."""
-        if self._runs:
-            self._queue_runs()
-        self._holding = False
-        self.passes_ended += 1
+        """Queue what the pass gathered (before saying the pass is over: a flush waits for it).
+        The pass is over even when queueing fails: else the calls after it would be gathered
+        for a pass that never ends, and a flush would wait for that end."""
+        try:
+            if self._runs:
+                self._queue_runs()
+        finally:
+            self._holding = False
+            self.passes_ended += 1
 
     # -- ConnectionObserver ------------------------------------------------------------
 
@@ -525,13 +528,13 @@ class Recorder:
         self._sent_lists, self._sent_ids = [], None
         if lost:
             self._columns.count_lost(lost)
-        self._log_failure(sum(lost.values()))
+        self._log_failure("capture rows could not be recorded, rows lost", sum(lost.values()))
 
-    def _log_failure(self, rows: int) -> None:
+    def _log_failure(self, message: str, rows: int) -> None:
         now = time.monotonic()
         if now >= self._next_error:
             self._next_error = now + WARNING_INTERVAL
-            log.exception("capture rows could not be recorded, rows lost", rows=rows)
+            log.exception(message, rows=rows)
 
     def _release(self, connection: str) -> None:
         """The call's rows are a run of this connection's; queued now, or at the pass's end."""
@@ -551,10 +554,10 @@ class Recorder:
             return
         try:
             self._columns.extend(runs, records, frames, extras)
-        except Exception:  # a bug costs these rows (counted), never the relay
-            lost = kinds_of(records)
-            self._columns.count_lost(lost)
-            self._log_failure(sum(lost.values()))
+        except Exception:  # a bug costs rows, never the relay; extend counted those it did not queue
+            self._log_failure(
+                "capture rows could not be queued, any not queued are lost", len(records) // RECORD_SIZE
+            )
 
 
 def _rows_of(events: Sequence[Event]) -> Counter[str]:

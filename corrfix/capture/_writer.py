@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import structlog
 
 from corrfix.capture._columns import RowChunk, RowColumns, record_batch
-from corrfix.capture._files import CaptureFiles, capture_stem
+from corrfix.capture._files import CaptureFiles, UnfinishedFileError, capture_stem
 from corrfix.capture._options import (
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_QUEUE_BYTES,
@@ -45,7 +45,7 @@ BATCH_BYTES = 16 * 1024 * 1024
 CAPTURE_CLOSED = "capture closed"
 """The close reason of connections still open when the capture ends."""
 WARNING_INTERVAL = 10.0
-"""At most one error log line per this many seconds."""
+"""At most one error log line of each kind per this many seconds."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ class CaptureWriter:
         self._stopping = False
         self._reopen = False
         self._ended = False
-        self._error_logged = 0.0
+        self._error_logged: dict[str, float] = {}  # by message: when it may be logged again
+        self._unindexed: set[str] = set()  # files left out of the summary's connection index
 
     # -- ConnectionObserver: called by the relay, in its thread --------------------------
 
@@ -129,10 +130,12 @@ class CaptureWriter:
         self._recorder.begin_pass()
 
     def end_pass(self) -> None:
-        self._recorder.end_pass()
-        if self._pass_waiters:
-            with self._progress:
-                self._progress.notify_all()
+        try:
+            self._recorder.end_pass()
+        finally:  # the pass is over even if queueing its rows failed: a flush may wait for that
+            if self._pass_waiters:
+                with self._progress:
+                    self._progress.notify_all()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class CaptureWriter:
 
         Call it once the proxy has stopped: connections still open get a close row with
         the reason ``capture closed`` (a proxy cancelled at shutdown reports no close)."""
-        if self._queue.closed:
+        if self._stopping:  # not the queue's state: a writer thread that failed closed it
             return
         self._recorder.close_all(CAPTURE_CLOSED)
         self._queue.close()
@@ -211,73 +214,99 @@ class CaptureWriter:
     # -- the writer thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        queue = self._queue
+        """Write until stopped. ``finished`` in the summary says the thread got there: when
+        a bug it cannot write past stops it, every row from then on is counted lost instead."""
+        stopped = False
         try:
-            while True:
-                queue.wake.wait(self.flush_seconds)
-                queue.wake.clear()
-                stopping = self._stopping
-                chunk = queue.take()
-                if chunk.rows:
-                    self._write_rows(chunk)
-                queue.recycle(chunk)
-                try:
-                    if self._reopen:
-                        self._reopen = False
-                        self._files.finish_file()
-                        self.directory.mkdir(parents=True, exist_ok=True)
-                        self._write_summary()
-                    self._files.rotate_if_old()
-                except (OSError, pa.ArrowException) as exc:
-                    self._files.abandon_file()
-                    self._log_error(exc)
-                self._after_flush(chunk.rows)
-                if stopping:
-                    break
+            self._write_until_stopped()
+            stopped = True
+        except Exception:
+            log.exception("capture writer failed and stopped, rows from now on are lost")
+            self._queue.close()  # rows that come are counted lost, not left for no one to write
+            self._queue.count_lost(self._queue.take().kinds())
         finally:
             try:
-                self._files.finish_file()
-            except (OSError, pa.ArrowException) as exc:
-                log.error("capture file could not be finished", error=str(exc))
-            self._summary.finished = True
-            self._write_summary()
-            with self._progress:
-                self._ended = True
-                self._progress.notify_all()
+                try:
+                    self._files.finish_file()
+                except (OSError, pa.ArrowException) as exc:
+                    log.error("capture file could not be finished", error=str(exc))
+                self._summary.finished = stopped
+                self._write_summary()
+            finally:  # a flush waits for this
+                with self._progress:
+                    self._ended = True
+                    self._progress.notify_all()
 
-    def _write_rows(self, chunk: RowChunk) -> None:
-        try:
-            batch = record_batch(chunk, self.schema, self.capture_id, self._source)
-        except Exception:  # a bug costs these rows, never the capture
-            log.exception("capture rows could not be converted, rows lost", rows=chunk.rows)
-            self._queue.count_lost(chunk.kinds())
-            return
-        sizes = chunk.frame_bytes() if len(chunk.frames) > BATCH_BYTES else None
-        spans = chunk.shared_spans()
-        start = 0
-        while start < chunk.rows:
-            stop = min(chunk.rows, start + BATCH_ROWS)
-            if sizes is not None:  # at most BATCH_BYTES of frames per batch, and one row at least
-                within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
-                stop = start + max(1, within)
-            if spans is not None:
-                stop = min(chunk.rows, keep_together(start, stop, *spans))
+    def _write_until_stopped(self) -> None:
+        queue = self._queue
+        while True:
+            queue.wake.wait(self.flush_seconds)
+            queue.wake.clear()
+            stopping = self._stopping
+            chunk = queue.take()
+            if chunk.rows:
+                self._write_rows(chunk)
+            queue.recycle(chunk)
             try:
-                part = batch.slice(start, stop - start)
-                self._files.write(part)
-                self._summary.rows_written += stop - start
-                self._count_connections(part)
+                if self._reopen:
+                    self._reopen = False
+                    self._files.finish_file()
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    self._write_summary()
+                self._files.rotate_if_old()
             except (OSError, pa.ArrowException) as exc:
                 self._files.abandon_file()
-                self._queue.count_lost(chunk.kinds(start, stop))
-                self._log_error(exc)
-            start = stop
+                self._log_error("capture file could not be finished or started anew", exc)
+            self._after_flush(chunk.rows)
+            if stopping:
+                return
+
+    def _write_rows(self, chunk: RowChunk) -> None:
+        """Append the chunk's rows, batch by batch; each row is written or counted lost. A
+        batch the files refuse costs its rows; a bug (not an I/O error) costs the rows not
+        written yet, never the writer thread, which goes on with the next chunk."""
+        done = 0  # the chunk's rows before this are written or counted lost
+        try:
+            batch = record_batch(chunk, self.schema, self.capture_id, self._source)
+            for start, stop in batch_bounds(chunk):
+                part = batch.slice(start, stop - start)
+                if self._write_batch(part):
+                    self._summary.rows_written += stop - start
+                    self._count_connections(part)
+                else:
+                    self._queue.count_lost(chunk.kinds(start, stop))
+                done = stop
+        except Exception as exc:
+            self._queue.count_lost(chunk.kinds(done))
+            self._log_error("capture rows could not be written, rows lost", exc, rows=chunk.rows - done)
+
+    def _write_batch(self, part: pa.RecordBatch) -> bool:
+        """Append one batch to the files; False if it is lost."""
+        try:
+            self._files.write(part)
+        except UnfinishedFileError as exc:  # the batch is in the file: only its end marker is missing
+            self._log_error("capture file could not be finished", exc)
+        except Exception as exc:  # whatever failed, the stream is not to be trusted after it
+            self._files.abandon_file()
+            self._log_error("capture write failed, rows lost", exc)
+            return False
+        return True
 
     def _count_connections(self, written: pa.RecordBatch) -> None:
-        """Rows per connection in the file just written to, for the summary's index."""
-        counts = self._summary.connections.setdefault(self._files.files[-1].name, {})
-        for entry in pc.value_counts(written.column("connection_id")).to_pylist():
-            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+        """Rows per connection in the file just written to, for the summary's index. A file
+        whose rows cannot all be counted is left out of the index: readers count such a file
+        themselves, where a partial count would hide connections from them."""
+        name = self._files.files[-1].name
+        if name in self._unindexed:
+            return
+        try:
+            counts = self._summary.connections.setdefault(name, {})
+            for entry in pc.value_counts(written.column("connection_id")).to_pylist():
+                counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+        except Exception as exc:
+            self._summary.connections.pop(name, None)
+            self._unindexed.add(name)
+            self._log_error("capture file left out of the connection index", exc, file=name)
 
     def _after_flush(self, processed: int) -> None:
         summary = self._summary
@@ -300,13 +329,33 @@ class CaptureWriter:
         try:
             write_summary(self.summary_path, summary)
         except OSError as exc:
-            self._log_error(exc)
+            self._log_error("capture summary could not be written", exc)
 
-    def _log_error(self, exc: BaseException) -> None:
+    def _log_error(self, message: str, exc: BaseException, **fields: object) -> None:
+        """From an ``except`` block. A bug (not an I/O error) is logged with its traceback."""
         now = time.monotonic()
-        if now >= self._error_logged:
-            self._error_logged = now + WARNING_INTERVAL
-            log.error("capture write failed, rows lost", error=str(exc), directory=str(self.directory))
+        if now >= self._error_logged.get(message, 0.0):
+            self._error_logged[message] = now + WARNING_INTERVAL
+            bug = not isinstance(exc, OSError | pa.ArrowException)
+            emit = log.exception if bug else log.error
+            emit(message, error=str(exc), directory=str(self.directory), **fields)
+
+
+def batch_bounds(chunk: RowChunk) -> Iterator[tuple[int, int]]:
+    """Where the chunk's batches start and stop: at most BATCH_ROWS rows and BATCH_BYTES of
+    frames each (one row at least), never between rows that share frame bytes."""
+    sizes = chunk.frame_bytes() if len(chunk.frames) > BATCH_BYTES else None
+    spans = chunk.shared_spans()
+    start = 0
+    while start < chunk.rows:
+        stop = min(chunk.rows, start + BATCH_ROWS)
+        if sizes is not None:
+            within = int(np.searchsorted(np.cumsum(sizes[start:stop]), BATCH_BYTES, side="right"))
+            stop = start + max(1, within)
+        if spans is not None:
+            stop = min(chunk.rows, keep_together(start, stop, *spans))
+        yield start, stop
+        start = stop
 
 
 def keep_together(start: int, stop: int, first: np.ndarray, last: np.ndarray) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 
 import pytest
@@ -145,3 +146,25 @@ def test_a_closed_queue_takes_nothing_and_counts_everything():
     queue.extend([("a", len(records) // RECORD_SIZE)], bytearray(records), [b"abc"], [])
     assert queue.take().rows == 0
     assert queue.lost_by_kind == Counter({"frame": 1, "repair": 1})
+
+
+def test_a_call_that_fails_half_queued_leaves_the_queue_as_it_was_and_counts_its_rows():
+    """A call whose frame bytes cannot be copied (a bug: a piece whose ``len`` counts items,
+    not bytes) after its records went in: none of its rows stay queued, all are counted lost,
+    and the calls before and after it convert as if it had never come."""
+    queue = RowColumns(max_rows=100, max_bytes=1 << 20)
+
+    def call(seq: int, stored: int) -> bytearray:
+        return bytearray(pack_row(seq, 0, 0, NULL, NULL, seq, NULL, stored, CLIENT_REQUEST, stored))
+
+    queue.extend([("a", 1)], call(0, 3), [b"abc"], [])
+    items = memoryview(array("i", [1, 2, 3]))  # len 3, 12 bytes
+    with pytest.raises(IndexError):
+        queue.extend([("b", 2)], call(1, 3) + call(2, 3), [b"def", items], [])
+    assert (queue.accepted, queue.lost, queue.lost_by_kind) == (1, 2, {"frame": 2})
+    queue.extend([("c", 1)], call(3, 3), [b"ghi"], [])
+    rows = record_batch(queue.take(), SCHEMA, "t", "proxy").to_pylist()
+    assert [(row["connection_id"], row["seq"], row["frame"]) for row in rows] == [
+        ("a", 0, b"abc"),
+        ("c", 3, b"ghi"),
+    ]

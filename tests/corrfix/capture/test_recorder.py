@@ -207,6 +207,49 @@ def test_a_call_that_fails_inside_a_pass_loses_its_rows_and_keeps_the_pass_earli
     ]
 
 
+def test_a_pass_whose_end_fails_is_over_all_the_same(monkeypatch):
+    """Else the recorder would stay in the pass: the calls after it gathered, not queued."""
+    columns, recorder, shell = _opened_in_a_pass()
+
+    def broken() -> None:
+        raise RuntimeError("a bug in queueing")
+
+    monkeypatch.setattr(recorder, "_queue_runs", broken)
+    with pytest.raises(RuntimeError):  # the engine logs it and goes on
+        recorder.end_pass()
+    assert not recorder.in_pass and recorder.passes_ended == 1
+    monkeypatch.undo()
+    shell.client_sends(request_frame(ApiKey.METADATA, 7, 0))
+    assert columns.accepted == 3  # outside a pass: queued at once, with the open row held before
+
+
+def test_rows_queued_before_the_queue_fails_are_not_counted_lost_as_well(monkeypatch):
+    """The queue takes the rows that fit and counts the others, then fails (its warning): each
+    row is queued or counted lost, once, not the whole call counted lost on top."""
+    columns = RowColumns(max_rows=3, max_bytes=1 << 20)
+    recorder = Recorder(columns, snaplen=65536)
+    shell = Shell(recorder)
+    shell.open()
+
+    failures = [RuntimeError("a bug in warning")]
+
+    def fails_once() -> None:
+        if failures:
+            raise failures.pop()
+
+    monkeypatch.setattr(columns, "_maybe_warn", fails_once)
+    shell.client_sends(request_frame(ApiKey.METADATA, 7, 0), request_frame(ApiKey.METADATA, 8, 1))
+    assert not failures
+    assert (columns.accepted, columns.lost) == (3, 2)  # five rows: the open row and four frames
+    assert columns.lost_by_kind == {"frame": 2}
+    rows = rows_of(columns)
+    assert [(row["side"], row["client_correlation_id"]) for row in rows] == [
+        (None, None),
+        ("client", 7),
+        ("client", 8),
+    ]
+
+
 def test_a_pass_keeping_big_frames_alive_queues_its_rows_early():
     """A stored piece of a frame keeps the whole frame: past HELD_BYTES of them, a pass's rows
     are queued at once instead of at its end."""

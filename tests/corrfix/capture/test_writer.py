@@ -11,7 +11,9 @@ import pyarrow as pa
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest, SaslHandshakeResponse
+from structlog.testing import capture_logs
 
+import corrfix.capture._writer as writer_module
 from corrfix.capture import (
     CaptureFiles,
     CaptureWriter,
@@ -172,6 +174,43 @@ def test_a_flush_waits_for_the_relay_pass_that_gathers_rows(tmp_path):
         writer.close()
 
 
+def test_a_relay_pass_whose_end_fails_still_lets_a_flush_waiting_for_it_go_on(tmp_path, monkeypatch):
+    """The pass is over even if queueing its rows fails: a flush waiting for its end is told,
+    and does not wait for a pass that never ends."""
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+    try:
+        shell = Shell(writer)
+        shell.open()
+        writer.begin_pass()
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        waiting, wait = threading.Event(), writer._progress.wait
+
+        def announced_wait(timeout: float | None = None) -> bool:
+            waiting.set()  # the lock is let go in wait(): a notify from now on reaches the flush
+            return wait(timeout)
+
+        monkeypatch.setattr(writer._progress, "wait", announced_wait)
+        flushed: list[bool] = []
+        flusher = threading.Thread(target=lambda: flushed.append(writer.flush(timeout=10)))
+        flusher.start()
+        assert waiting.wait(10)
+        queue_runs, failures = writer._recorder._queue_runs, [RuntimeError("a bug in queueing")]
+
+        def fails_once() -> None:
+            if failures:
+                raise failures.pop()
+            queue_runs()
+
+        monkeypatch.setattr(writer._recorder, "_queue_runs", fails_once)
+        with pytest.raises(RuntimeError, match="a bug in queueing"):  # the engine logs it and goes on
+            writer.end_pass()
+        flusher.join(30)
+        assert flushed == [True]
+        assert not writer._recorder.in_pass
+    finally:
+        writer.close()
+
+
 def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
     writer = CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0).start()
     shell = Shell(writer)
@@ -323,10 +362,16 @@ def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):
     assert not upstream_response["frame"].endswith(b"rewritten")  # what the broker sent, before rewriting
 
 
-def first_write_fails(writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer's first batch meets a full disk; the next ones are written."""
+FULL_DISK = OSError(28, "No space left on device")
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC's marker: continuation, length 0
+
+
+def first_write_fails(
+    writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch, error: Exception = FULL_DISK
+) -> None:
+    """The writer's first batch meets ``error`` (a full disk); the next ones are written."""
     original = writer._files.write
-    failures = [OSError(28, "No space left on device")]
+    failures = [error]
 
     def write(batch: pa.RecordBatch) -> None:
         if failures:
@@ -336,9 +381,12 @@ def first_write_fails(writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(writer._files, "write", write)
 
 
-def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [FULL_DISK, RuntimeError("a bug in writing")], ids=["io", "bug"])
+def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeypatch, error):
+    """Not only an I/O error: a bug in writing a batch costs that batch's rows, counted,
+    and the writer thread goes on with the next ones."""
     writer = CaptureWriter(tmp_path, flush_seconds=60.0)
-    first_write_fails(writer, monkeypatch)
+    first_write_fails(writer, monkeypatch, error)
     writer.start()
     shell = Shell(writer)
     shell.open()
@@ -349,6 +397,108 @@ def test_a_failed_write_costs_its_rows_and_the_capture_goes_on(tmp_path, monkeyp
     assert [r["kind"] for r in rows_of(tmp_path)] == ["frame", "frame", "close"]
     summary = read_summaries(tmp_path)[0]
     assert (summary.rows_written, summary.rows_lost, summary.rows_lost_by_kind) == (3, 1, {"open": 1})
+    assert summary.finished
+
+
+def test_a_bug_counting_a_files_connections_leaves_it_out_of_the_index_and_loses_no_row(
+    tmp_path, monkeypatch
+):
+    """The rows are in the file: they stay counted as written, and the writer thread goes on.
+    The file is left out of the index, not indexed in part (readers then count it themselves;
+    a partial count would hide connections from them)."""
+    value_counts = writer_module.pc.value_counts
+    failures = [RuntimeError("a bug in the index")]
+
+    def fails_once(column: pa.Array) -> pa.Array:
+        if failures:
+            raise failures.pop()
+        return value_counts(column)
+
+    monkeypatch.setattr(writer_module.pc, "value_counts", fails_once)
+    with capture_logs() as logs:
+        writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)  # the open row is written, its count fails
+        assert not failures
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        assert writer.flush(timeout=10)  # later rows go to the same file: still left out
+        writer.close()
+    assert [r["kind"] for r in rows_of(tmp_path)] == ["open", "frame", "frame", "close"]
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.rows_written, summary.rows_lost, summary.finished) == (4, 0, True)
+    assert len(summary.files) == 1 and summary.connections == {}
+    errors = [(e["event"], e.get("exc_info")) for e in logs if e["log_level"] == "error"]
+    assert errors == [("capture file left out of the connection index", True)]  # with its traceback
+
+
+def test_a_writer_thread_stopped_by_a_bug_says_it_did_not_finish_and_counts_every_later_row_lost(
+    tmp_path, monkeypatch
+):
+    """A bug outside any batch's rows, which the thread cannot write past: the summary says
+    ``finished: false``, and rows that come after are counted lost rather than left unwritten."""
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0)
+
+    def broken(chunk: object) -> None:
+        raise RuntimeError("a bug in the writer's loop")
+
+    monkeypatch.setattr(writer._queue, "recycle", broken)
+    with capture_logs() as logs:
+        writer.start()
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)  # the open row is written, then the thread stops
+        assert not read_summaries(tmp_path)[0].finished
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        writer.close()
+    stats = writer.stats
+    assert (stats.rows_written, stats.rows_lost) == (1, 3)  # two frames and the close row
+    assert writer._queue.lost_by_kind == {"frame": 2, "close": 1}
+    assert [r["kind"] for r in rows_of(tmp_path)] == ["open"]
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.rows_written, summary.finished) == (1, False)
+    errors = [e["event"] for e in logs if e["log_level"] == "error"]
+    assert errors == ["capture writer failed and stopped, rows from now on are lost"]
+
+
+def first_finish_fails(writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end-of-stream marker of the first file the writer finishes meets a full disk: the
+    file is closed without it, as after a real failure, and the next ones are finished."""
+    files = writer._files
+    original = files.finish_file
+    failures = [FULL_DISK]
+
+    def finish_file() -> None:
+        if failures and files._writer is not None:
+            files._writer = None  # its marker is never written
+            original()
+            raise failures.pop()
+        original()
+
+    monkeypatch.setattr(files, "finish_file", finish_file)
+
+
+def test_a_file_whose_end_marker_fails_keeps_the_rows_written_to_it(tmp_path, monkeypatch):
+    """A rotation by size finishes the file right after the batch that filled it: a marker
+    that cannot be written costs that file its marker (logged), never the batch, which is
+    readable and counted as written, in the index too."""
+    writer = CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0)
+    first_finish_fails(writer, monkeypatch)
+    with capture_logs() as logs:
+        writer.start()
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)  # written, then its file cannot be finished
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+        writer.close()
+    assert [r["kind"] for r in rows_of(tmp_path)] == ["open", "frame", "frame", "close"]
+    summary = read_summaries(tmp_path)[0]
+    assert (summary.rows_written, summary.rows_lost, summary.finished) == (4, 0, True)
+    first, *others = writer.stats.files
+    assert summary.connections[first.name] == {"c1": 1}
+    assert not first.read_bytes().endswith(END_OF_STREAM)
+    assert others and all(path.read_bytes().endswith(END_OF_STREAM) for path in others)
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["capture file could not be finished"]
 
 
 def test_a_failed_write_whose_error_cannot_be_logged_either_still_costs_only_its_rows(tmp_path, monkeypatch):
