@@ -65,15 +65,13 @@ class ConnectionCore:
         "_client_decoder",
         "_client_spoke",
         "_client_tls",
-        "_events",
         "_flush_deadline",
         "_last_activity",
         "_now",
+        "_out",
         "_partial_since",
         "_paused_mid_frame",
         "_record",
-        "_to_client",
-        "_to_upstream",
         "_upstream_deadline",
         "_upstream_decoder",
         "_upstream_eof_sent",
@@ -119,9 +117,9 @@ class ConnectionCore:
         self._upstream_known_plaintext = upstream_known_plaintext
         # Frame events (Received, Sent) for an observer, such as a capture.
         self._record = record_frames
-        self._to_upstream: list[bytearray] = []
-        self._to_client: list[bytearray] = []
-        self._events: list[Event] = []
+        # Frames for each side and events, in order: every call into the machine adds to
+        # these lists, and the shell takes them (take()).
+        self._out = Actions()
         self.close_reason: str | None = None
         # What the shell must carry out; each only ever turns on, and ``decided`` counts the
         # changes, so a shell need not read them all after every call.
@@ -161,31 +159,36 @@ class ConnectionCore:
     def take(self) -> tuple[list[bytearray], list[bytearray], list[Event]]:
         """Frames for the broker, frames for the client, and events, each in order; send or
         copy the frames before the next call. One call, for the shell's hot path."""
-        out = self._to_upstream, self._to_client, self._events
+        pending = self._out
+        out = pending.to_upstream, pending.to_client, pending.events
         if out[0]:
-            self._to_upstream = []
+            pending.to_upstream = []
         if out[1]:
-            self._to_client = []
+            pending.to_client = []
         if out[2]:
-            self._events = []
+            pending.events = []
         return out
 
     def take_upstream(self) -> list[bytearray]:
         """Frames to send to the broker, in order; send or copy them before the next call."""
-        out, self._to_upstream = self._to_upstream, []
+        pending = self._out
+        out, pending.to_upstream = pending.to_upstream, []
         return out
 
     def take_client(self) -> list[bytearray]:
-        out, self._to_client = self._to_client, []
+        pending = self._out
+        out, pending.to_client = pending.to_client, []
         return out
 
     def take_events(self) -> list[Event]:
-        out, self._events = self._events, []
+        pending = self._out
+        out, pending.events = pending.events, []
         return out
 
     @property
     def has_output(self) -> bool:
-        return bool(self._to_upstream or self._to_client or self._events)
+        pending = self._out
+        return bool(pending.to_upstream or pending.to_client or pending.events)
 
     def next_deadline(self) -> float:
         """When :meth:`tick` next has something to do (``math.inf``: nothing pending)."""
@@ -250,14 +253,19 @@ class ConnectionCore:
         if frames:
             if not self._client_spoke:
                 self._client_spoke = True  # a size error now is no ClientHello
+            marks = None
             if self._record:
-                self._events.append(_received("client", frames))
+                self._out.events.append(_received("client", frames))
+                marks = self._marks()
             try:
-                actions = self.machine.client_frames(frames, now)
+                self.machine.client_frames(frames, now, self._out)
             except ProtocolError as exc:
+                # The requests before the bad one were added: they reach the broker, as every
+                # request read does, before its side is closed.
+                self._settle(marks)
                 self.client_lost(f"bad request from client: {exc}", now, warning=True)
                 return
-            self._apply(actions)
+            self._settle(marks)
 
     def pause_client(self) -> None:
         """The shell stopped reading for backpressure: that is the proxy's doing, so a request
@@ -294,7 +302,7 @@ class ConnectionCore:
         self.stop_client = True
         self.abandon_client = True
         self.decided += 1
-        self._to_client.clear()
+        self._out.to_client.clear()
         self._close_upstream(reason)
 
     # -- the broker side ---------------------------------------------------------------
@@ -309,8 +317,9 @@ class ConnectionCore:
             self._hint_silent_upstream()
             self.stop_upstream = True
             self.decided += 1
-            self._apply(self.machine.upstream_closed())
+            self._upstream_closed()
             return
+        marks = None
         try:
             frames = self._upstream_decoder.feed(data, filled)
             if not frames:
@@ -319,14 +328,16 @@ class ConnectionCore:
                 self.upstream_spoke = True
                 self.decided += 1  # news for the shell: plaintext works with this broker
             if self._record:
-                self._events.append(_received("upstream", frames))
-            actions = self.machine.upstream_frames(frames, now)
+                self._out.events.append(_received("upstream", frames))
+                marks = self._marks()
+            self.machine.upstream_frames(frames, now, self._out)
         except ProtocolError as exc:
+            self._settle(marks)  # answers before the bad frame were added: they are delivered
             plaintext = not self.upstream_spoke and not self._upstream_tls
             answer = tls_on_plaintext(exc, "upstream") if plaintext else None
             self.abort(answer or f"bad response from upstream: {exc}", warning=True)
             return
-        self._apply(actions)
+        self._settle(marks)
 
     def upstream_lost(self, error: str, now: float) -> None:
         """Reading from the broker failed (a reset): whatever is still owed cannot arrive."""
@@ -334,7 +345,7 @@ class ConnectionCore:
         self._hint_silent_upstream()
         self.stop_upstream = True
         self.decided += 1
-        self._apply(self.machine.upstream_closed())
+        self._upstream_closed()
         self._note("upstream connection lost", error=error)
 
     def upstream_flushed(self, now: float) -> None:
@@ -375,11 +386,13 @@ class ConnectionCore:
                 self._note("broker did not take every request before the request deadline", "warning")
             self.stop_upstream = True
             self.decided += 1
-            self._apply(self.machine.upstream_closed())
+            self._upstream_closed()
             self.finish("broker did not close", now)
         if self._watching and now >= self._watch_at:
             self._watch(now)
-        self._apply(self.machine.tick(now))
+        marks = self._marks() if self._record else None
+        self.machine.tick(now, self._out)
+        self._settle(marks)
 
     def _watch(self, now: float) -> None:
         """Close idle connections, and clients that leave a request frame incomplete."""
@@ -439,19 +452,35 @@ class ConnectionCore:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _apply(self, actions: Actions) -> None:
-        if actions.to_upstream:
-            self._to_upstream += actions.to_upstream
-            if self._record:
-                self._events.append(Sent("upstream", actions.to_upstream))
-        if actions.to_client and not self.abandon_client:
-            self._to_client += actions.to_client
-            if self._record:
-                self._events.append(Sent("client", actions.to_client))
-        if actions.events:
-            self._events += actions.events
-        if actions.close is not None:
-            self.finish(actions.close, self._now)
+    def _upstream_closed(self) -> None:
+        marks = self._marks() if self._record else None
+        self.machine.upstream_closed(self._out)
+        self._settle(marks)
+
+    def _marks(self) -> tuple[int, int, int]:
+        """Where the next call's output will begin in each list, for a recording core."""
+        out = self._out
+        return len(out.to_upstream), len(out.to_client), len(out.events)
+
+    def _settle(self, marks: tuple[int, int, int] | None) -> None:
+        """Carry out what the machine just added to the output. ``marks`` (a recording core's)
+        says where its additions begin: the frames it sent are reported there, before its own
+        events, as they happened first."""
+        out = self._out
+        if self.abandon_client and out.to_client:
+            out.to_client.clear()  # the client is gone: nothing is delivered to it
+        if marks is not None:
+            upstream_at, client_at, events_at = marks
+            sent: list[Event] = []
+            if len(out.to_upstream) > upstream_at:
+                sent.append(Sent("upstream", out.to_upstream[upstream_at:]))
+            if len(out.to_client) > client_at:
+                sent.append(Sent("client", out.to_client[client_at:]))
+            if sent:
+                out.events[events_at:events_at] = sent
+        if out.close is not None:
+            reason, out.close = out.close, None
+            self.finish(reason, self._now)
         elif (self.client_eof or self.draining) and self.machine.outstanding == 0:
             self._close_upstream("client closed" if self.client_eof else "proxy draining")
 
@@ -473,6 +502,6 @@ class ConnectionCore:
         self._upstream_deadline = self._now + self.config.repair.request_deadline
 
     def _note(self, message: str, level: str = "info", **details: object) -> None:
-        self._events.append(
+        self._out.events.append(
             Notice(message, "warning" if level == "warning" else "info", tuple(details.items()))
         )

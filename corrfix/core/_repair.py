@@ -117,8 +117,11 @@ class Actions:
     """What the shell must do after one call, in this order: send, deliver, then close.
 
     Frames are handed over by reference and may be patched by a later call into the
-    machine, so the shell must copy (or send) them before calling again. A plain slotted
-    class: one is made per call, and a dataclass with list factories costs twice as much.
+    machine, so the shell must copy (or send) them before calling again. A caller may pass
+    the same one to every call and take its lists as it goes, as the connection core does:
+    a call then costs no object, and frames already added stay there if a later frame of
+    the same call raises. A plain slotted class: a dataclass with list factories costs
+    twice as much to make.
     """
 
     __slots__ = ("close", "events", "to_client", "to_upstream")
@@ -306,9 +309,12 @@ class RepairMachine:
 
     # -- events ------------------------------------------------------------------------
 
-    def client_frames(self, frames: list[bytearray], now: float) -> Actions:
-        """Requests from the client. A malformed header raises ProtocolError."""
-        actions = Actions()
+    def client_frames(self, frames: list[bytearray], now: float, actions: Actions | None = None) -> Actions:
+        """Requests from the client, added to ``actions`` (a new one if None), which is
+        returned. A malformed header raises ProtocolError; the requests before it are in
+        ``actions`` by then, and must still be sent."""
+        if actions is None:
+            actions = Actions()
         if self.closed is not None:
             return actions
         # Per frame: the hot path. Attributes read once, the rare cases behind one test each.
@@ -357,9 +363,12 @@ class RepairMachine:
             self._deliver_ready(actions)
         return actions
 
-    def upstream_frames(self, frames: list[bytearray], now: float) -> Actions:
-        """Responses from the broker. A frame too short for a header raises ProtocolError."""
-        actions = Actions()
+    def upstream_frames(self, frames: list[bytearray], now: float, actions: Actions | None = None) -> Actions:
+        """Responses from the broker, added to ``actions`` (a new one if None), which is
+        returned. A frame too short for a header raises ProtocolError; the answers before it
+        are in ``actions`` by then."""
+        if actions is None:
+            actions = Actions()
         sasl_v0 = self._sasl_v0
         timed: dict[int, _Request] = {}  # the first answer of each api key in the batch
         sent, order, client_order = self._sent, self._send_order, self._client_order
@@ -424,9 +433,10 @@ class RepairMachine:
         """True while SASL v0 tokens, which carry no header, are being exchanged."""
         return self._sasl_v0.active
 
-    def upstream_closed(self) -> Actions:
+    def upstream_closed(self, actions: Actions | None = None) -> Actions:
         """The broker connection ended; whatever is still owed can never arrive on it."""
-        actions = Actions()
+        if actions is None:
+            actions = Actions()
         self._deliver_ready(actions)
         if self.closed is None:
             owed = len(self._client_order)
@@ -435,9 +445,10 @@ class RepairMachine:
             self._close(actions, reason)
         return actions
 
-    def tick(self, now: float) -> Actions:
+    def tick(self, now: float, actions: Actions | None = None) -> Actions:
         """Time passed: send a probe when the oldest send is overdue, give up past the deadline."""
-        actions = Actions()
+        if actions is None:
+            actions = Actions()
         if self.closed is not None:
             return actions
         if self._client_order:

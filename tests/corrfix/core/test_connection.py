@@ -186,6 +186,42 @@ def test_garbage_from_the_broker_aborts():
     )
 
 
+SHORT_FRAME = (2).to_bytes(4, "big") + b"\x00\x03"
+"""A frame too short for any header: a malformed request or answer."""
+
+
+def test_requests_read_before_a_malformed_one_still_reach_the_broker():
+    core = make_core()
+    good = [request_frame(ApiKey.METADATA, 100 + i, i) for i in range(2)]
+    core.receive_client(b"".join(good) + SHORT_FRAME, 1.0)
+    sent = core.take_upstream()
+    assert [int.from_bytes(frame[8:12], "big") for frame in sent] == [0, 1]
+    assert core.client_gone and core.end_upstream
+    assert core.close_reason is not None and "bad request from client" in core.close_reason
+
+
+def test_answers_read_before_a_malformed_one_are_delivered_before_the_abort():
+    core = make_core()
+    for i in range(2):
+        core.receive_client(request_frame(ApiKey.METADATA, 100 + i, i), 1.0)
+    core.take_upstream()
+    core.receive_upstream(bytes(response_frame(0, 0)) + SHORT_FRAME, 1.2)
+    assert core.take_client() == [response_frame(100, 0)]
+    assert core.aborted and core.close_reason is not None
+    assert "bad response from upstream" in core.close_reason
+
+
+def test_a_recording_core_reports_what_it_received_then_what_it_sent_then_the_machines_events():
+    """The order a capture writes its rows in: a frame is sent before the events about it."""
+    core = ConnectionCore(CONFIG, RepairMachine(CONFIG.repair, flow_events=True), 0.0, record_frames=True)
+    core.receive_client(request_frame(ApiKey.METADATA, 100, 0), 1.0)
+    assert [type(event) for event in core.take_events()] == [Received, Sent, Forwarded]
+    core.receive_upstream(response_frame(0, 0), 1.5)
+    events = core.take_events()
+    assert [type(event) for event in events] == [Received, Sent, Answered]
+    assert events[1] == Sent("client", [response_frame(100, 0)])
+
+
 def test_a_lost_answer_is_repaired_through_the_core():
     core = make_core()
     for i in range(2):

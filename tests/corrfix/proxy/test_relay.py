@@ -140,6 +140,20 @@ async def test_bad_input_closes_only_that_connection(engine):
         nursery.cancel_scope.cancel()
 
 
+async def test_requests_before_a_bad_frame_in_the_same_read_still_reach_the_broker(engine):
+    broker = FakeBroker()
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker, engine)
+        with trio.fail_after(10):
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            good = b"".join(bytes(request_frame(ApiKey.LIST_OFFSETS, cid, cid)) for cid in (5, 6))
+            await client.send_all(good + b"\x00\x00\x00\x02ab")
+            await read_frames(client, 2)  # the proxy closes the connection: no answer is owed
+            await wait_until(lambda: len(broker.requests) == 2)
+        nursery.cancel_scope.cancel()
+    assert broker.requests == [(ApiKey.LIST_OFFSETS, 0), (ApiKey.LIST_OFFSETS, 1)]
+
+
 async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
     metrics = ProxyMetrics()
     broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
