@@ -44,6 +44,9 @@ BATCH_ROWS = 16_384
 BATCH_BYTES = 16 * 1024 * 1024
 CAPTURE_CLOSED = "capture closed"
 """The close reason of connections still open when the capture ends."""
+CLOSE_WAITS_FOR_PASS = 5.0
+"""How long closing waits for a relay pass in progress to queue its rows (a pass takes
+milliseconds; one that takes longer is stuck, and its rows are counted lost)."""
 WARNING_INTERVAL = 10.0
 """At most one error log line of each kind per this many seconds."""
 
@@ -151,21 +154,25 @@ class CaptureWriter:
         if not self._thread.is_alive():
             raise RuntimeError("the capture writer is not running")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._progress:  # rows an engine pass still gathers are queued at its end
-            self._pass_waiters += 1
-            try:
-                recorder, ended = self._recorder, self._recorder.passes_ended
-                if not self._progress.wait_for(
-                    lambda: not recorder.in_pass or recorder.passes_ended != ended, timeout
-                ):
-                    return False
-            finally:
-                self._pass_waiters -= 1
+        if not self._wait_for_pass(timeout):
+            return False
         target = self._queue.accepted
         self._queue.wake.set()
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         with self._progress:
             return self._progress.wait_for(lambda: self._processed >= target or self._ended, left)
+
+    def _wait_for_pass(self, timeout: float | None) -> bool:
+        """Wait until an engine pass in progress has queued the rows it gathers; False on timeout."""
+        with self._progress:
+            self._pass_waiters += 1
+            try:
+                recorder, ended = self._recorder, self._recorder.passes_ended
+                return self._progress.wait_for(
+                    lambda: not recorder.in_pass or recorder.passes_ended != ended, timeout
+                )
+            finally:
+                self._pass_waiters -= 1
 
     def reopen(self) -> None:
         """Finish the current file now: the next rows go to a new file, in a directory made
@@ -180,6 +187,11 @@ class CaptureWriter:
         the reason ``capture closed`` (a proxy cancelled at shutdown reports no close)."""
         if self._stopping:  # not the queue's state: a writer thread that failed closed it
             return
+        # The relay engine's thread outlives the proxy's serve() until the trio run ends: a
+        # pass of its may still gather the rows of a connection that closed in it (trio's
+        # thread reports the close), and they are queued when that pass ends.
+        if not self._wait_for_pass(CLOSE_WAITS_FOR_PASS):
+            log.warning("capture closed during a relay pass that did not end, its rows are lost")
         self._recorder.close_all(CAPTURE_CLOSED)
         self._queue.close()
         self._stopping = True

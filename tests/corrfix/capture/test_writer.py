@@ -211,6 +211,33 @@ def test_a_relay_pass_whose_end_fails_still_lets_a_flush_waiting_for_it_go_on(tm
         writer.close()
 
 
+def test_closing_waits_for_a_relay_pass_in_progress_and_writes_the_rows_it_gathered(tmp_path, monkeypatch):
+    """The engine's thread outlives the proxy until the trio run ends: a connection that closed
+    in its last pass has its close row queued when that pass ends, after trio's thread has
+    seen the close. A capture closed in between still writes the row."""
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+    shell = Shell(writer)
+    shell.open()
+    writer.begin_pass()
+    shell.close()  # gathered by the pass, not queued yet
+    waiting, wait = threading.Event(), writer._progress.wait
+
+    def announced_wait(timeout: float | None = None) -> bool:
+        waiting.set()  # the lock is let go in wait(): a notify from now on reaches close()
+        return wait(timeout)
+
+    monkeypatch.setattr(writer._progress, "wait", announced_wait)
+    closer = threading.Thread(target=writer.close)
+    closer.start()
+    assert waiting.wait(10)
+    writer.end_pass()
+    closer.join(30)
+    assert not closer.is_alive()
+    rows = read_capture(tmp_path).to_pylist()
+    assert [(row["kind"], row["reason"]) for row in rows] == [("open", None), ("close", "client closed")]
+    assert writer.stats.rows_lost == 0
+
+
 def test_files_rotate_by_size_and_keep_one_schema(tmp_path):
     writer = CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0).start()
     shell = Shell(writer)
