@@ -16,10 +16,17 @@ class ProtocolError(Exception):
 
 
 class FrameSizeError(ProtocolError):
-    """A frame's size prefix is negative or above the configured maximum."""
+    """A frame's size prefix is negative or above the configured maximum.
 
-    def __init__(self, size: int, max_size: int, *, peer: str | None = None) -> None:
+    ``frames`` are the whole frames the same call cut before it, in order: they arrived
+    intact, so a caller may still act on them before it closes the connection, as it would
+    have had the bad prefix come in a later read."""
+
+    def __init__(
+        self, size: int, max_size: int, *, peer: str | None = None, frames: list[bytearray] | None = None
+    ) -> None:
         self.size = size
         self.max_size = max_size
+        self.frames: list[bytearray] = frames if frames is not None else []
         problem = "negative" if size < 0 else f"larger than the maximum {max_size}"
         super().__init__(f"frame size {size} is {problem}", peer=peer)

@@ -90,8 +90,9 @@ class FrameDecoder:
         """Add received bytes; return every frame they complete, oldest first. ``filled``
         bytes were received into :meth:`receive_target`'s view, before ``data``.
 
-        Raises :class:`FrameSizeError` for a negative or oversized size prefix; the
-        decoder is then unusable and the connection should be closed.
+        Raises :class:`FrameSizeError` for a negative or oversized size prefix, with the
+        frames completed before it (its ``frames``); the decoder is then unusable and the
+        connection should be closed.
         """
         if filled or self._frame is not None:
             return self._feed_target(filled, data)
@@ -112,7 +113,7 @@ class FrameDecoder:
         while end - pos >= SIZE_PREFIX:
             (size,) = _SIZE.unpack_from(buf, pos)
             if size < 0 or size > max_size:
-                raise FrameSizeError(size, max_size, peer=self.peer)
+                raise FrameSizeError(size, max_size, peer=self.peer, frames=frames)
             stop = pos + SIZE_PREFIX + size
             if stop > end:
                 break
@@ -168,7 +169,7 @@ class FrameDecoder:
                 # A guess, and wrong: the bytes go the ordinary way (in a new buffer if big).
                 self._frame, self._guess, self.big = None, 0, False
                 frames = self.feed(memoryview(frame)[:now])
-                return frames + self.feed(data) if data else frames
+                return self._then(frames, data) if data else frames
         if now < len(frame):
             if data:
                 raise ValueError("bytes after a big frame's buffer that was not filled")
@@ -177,9 +178,16 @@ class FrameDecoder:
         self._guess = now
         self.big = True
         frames = [frame]
-        if data:
-            frames += self.feed(data)
-        return frames
+        return self._then(frames, data) if data else frames
+
+    def _then(self, frames: list[bytearray], data: BytesLike) -> list[bytearray]:
+        """``frames``, then the frames ``data`` completes; a size error in ``data`` carries
+        ``frames`` too, before its own."""
+        try:
+            return frames + self.feed(data)
+        except FrameSizeError as exc:
+            exc.frames = frames + exc.frames
+            raise
 
     def pending_frame_size(self) -> int | None:
         """The announced size of the incomplete frame at the head, if its prefix has arrived."""

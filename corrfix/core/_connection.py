@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from corrfix.core._events import HEADER_COPY, Closed, Event, Notice, PeerSide, Received, Sent
 from corrfix.core._repair import Actions, RepairConfig, RepairMachine
 from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
-from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameSizeError, ProtocolError
 
 FLUSH_TIMEOUT = 10.0
 """How long a closing connection may spend delivering what it still owes the client."""
@@ -240,6 +240,9 @@ class ConnectionCore:
         try:
             frames = decoder.feed(data, filled)
         except ProtocolError as exc:
+            # Whole requests before a bad size prefix are requests read: they reach the broker.
+            if isinstance(exc, FrameSizeError) and exc.frames and not self._requests(exc.frames, now):
+                return
             hello = (
                 tls_on_plaintext(exc, "client") if not self._client_spoke and not self._client_tls else None
             )
@@ -251,21 +254,26 @@ class ConnectionCore:
             self._partial_since = now  # a frame began in this chunk
             self._watch_at = min(self._watch_at, now + self.config.frame_timeout)
         if frames:
-            if not self._client_spoke:
-                self._client_spoke = True  # a size error now is no ClientHello
-            marks = None
-            if self._record:
-                self._out.events.append(_received("client", frames))
-                marks = self._marks()
-            try:
-                self.machine.client_frames(frames, now, self._out)
-            except ProtocolError as exc:
-                # The requests before the bad one were added: they reach the broker, as every
-                # request read does, before its side is closed.
-                self._settle(marks)
-                self.client_lost(f"bad request from client: {exc}", now, warning=True)
-                return
+            self._requests(frames, now)
+
+    def _requests(self, frames: list[bytearray], now: float) -> bool:
+        """Whole requests to the machine; False if one was malformed (the client is then lost,
+        and the requests before it still reach the broker, as every request read does)."""
+        if not self._client_spoke:
+            self._client_spoke = True  # a size error now is no ClientHello
+        marks = None
+        if self._record:
+            self._out.events.append(_received("client", frames))
+            marks = self._marks()
+        try:
+            self.machine.client_frames(frames, now, self._out)
+        except ProtocolError as exc:
+            # First: the close is this request's doing, whatever the requests before it settle.
+            self.client_lost(f"bad request from client: {exc}", now, warning=True)
             self._settle(marks)
+            return False
+        self._settle(marks)
+        return True
 
     def pause_client(self) -> None:
         """The shell stopped reading for backpressure: that is the proxy's doing, so a request
@@ -319,24 +327,51 @@ class ConnectionCore:
             self.decided += 1
             self._upstream_closed()
             return
-        marks = None
         try:
             frames = self._upstream_decoder.feed(data, filled)
-            if not frames:
+        except ProtocolError as exc:
+            # Whole answers before a bad size prefix are answers read: they are delivered.
+            if isinstance(exc, FrameSizeError) and exc.frames and not self._answers(exc.frames, now):
                 return
-            if not self.upstream_spoke:
-                self.upstream_spoke = True
-                self.decided += 1  # news for the shell: plaintext works with this broker
-            if self._record:
-                self._out.events.append(_received("upstream", frames))
-                marks = self._marks()
+            self._upstream_unusable(exc)
+            return
+        if frames:
+            self._answers(frames, now)
+
+    def _answers(self, frames: list[bytearray], now: float) -> bool:
+        """Whole answers to the machine; False if one was malformed (the broker is then
+        unusable, and the answers before it are still delivered)."""
+        if not self.upstream_spoke:
+            self.upstream_spoke = True
+            self.decided += 1  # news for the shell: plaintext works with this broker
+        marks = None
+        if self._record:
+            self._out.events.append(_received("upstream", frames))
+            marks = self._marks()
+        try:
             self.machine.upstream_frames(frames, now, self._out)
         except ProtocolError as exc:
-            self._settle(marks)  # answers before the bad frame were added: they are delivered
-            plaintext = not self.upstream_spoke and not self._upstream_tls
-            answer = tls_on_plaintext(exc, "upstream") if plaintext else None
-            self.abort(answer or f"bad response from upstream: {exc}", warning=True)
-            return
+            self._upstream_unusable(exc, marks)
+            return False
+        self._settle(marks)
+        return True
+
+    def _upstream_unusable(self, exc: ProtocolError, marks: tuple[int, int, int] | None = None) -> None:
+        """The broker sent something unusable: read nothing more from it, as if it had closed.
+        What it still owes the client cannot come (Produces left unanswered are flagged), and
+        the client gets what is ready, then the connection closes. ``marks``: where the
+        output of the call that failed begins, for a recording core."""
+        if marks is None and self._record:
+            marks = self._marks()
+        plaintext = not self.upstream_spoke and not self._upstream_tls
+        answer = tls_on_plaintext(exc, "upstream") if plaintext else None
+        reason = answer or f"bad response from upstream: {exc}"
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._note("closing connection", "warning", reason=reason)
+        self.stop_upstream = True
+        self.decided += 1
+        self.machine.upstream_closed(self._out)
         self._settle(marks)
 
     def upstream_lost(self, error: str, now: float) -> None:

@@ -161,6 +161,8 @@ def test_default_maximum():
 
 
 BAD_SIZES = st.one_of(st.integers(-(2**31), -1), st.integers(1001, 2**31 - 1))
+SIZES_FOR_ERRORS = st.sampled_from([0, 1, 300, BIG_FRAME - SIZE_PREFIX, BIG_FRAME + 5000])
+"""Frames before a bad size prefix: small ones, and big ones that get a buffer of their own."""
 
 
 @settings(max_examples=50)
@@ -195,6 +197,32 @@ def test_bad_size_with_body_in_the_same_chunk_is_rejected(size, body):
     assert info.value.size == size
     assert info.value.peer is None
     assert "(peer" not in str(info.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(SIZES_FOR_ERRORS, max_size=6),
+    bad=st.one_of(st.integers(-(2**31), -1), st.integers(4 * BIG_FRAME + 1, 2**31 - 1)),
+    reads=st.lists(st.integers(1, 4 * BIG_FRAME), min_size=1, max_size=50),
+    shared=st.sampled_from([3, 4096, BIG_FRAME, 1 << 20]),
+    use_target=st.booleans(),
+)
+def test_a_bad_size_carries_the_frames_completed_before_it_in_the_same_call(
+    sizes, bad, reads, shared, use_target
+):
+    """Whatever the reads, each good frame is returned or carried by the error, once and in
+    order: a caller can act on every frame that arrived whole before the bad prefix."""
+    frames = [big_frame(size + SIZE_PREFIX, i) for i, size in enumerate(sizes)]
+    stream = b"".join(frames) + size_prefix(bad) + b"body"
+    decoder = FrameDecoder(max_frame_size=4 * BIG_FRAME)
+    out: list[bytearray] = []
+    pos = 0
+    with pytest.raises(FrameSizeError) as info:
+        for i in itertools.count():
+            taken, got = read_next(decoder, stream, pos, reads[i % len(reads)], shared, use_target)
+            out += got
+            pos += taken
+    assert [bytes(f) for f in out + info.value.frames] == frames
 
 
 def test_huge_announced_size_is_refused_before_any_body():
@@ -261,6 +289,17 @@ def receive(decoder: FrameDecoder, stream: bytes, pos: int, count: int, shared: 
     return count, decoder.feed(memoryview(stream)[pos + filled : pos + count], filled)
 
 
+def read_next(
+    decoder: FrameDecoder, stream: bytes, pos: int, count: int, shared: int, use_target: bool
+) -> tuple[int, list]:
+    """One read of up to ``count`` bytes: as a shell does (:func:`receive`), or fed plainly
+    by a caller that ignores the decoder's target."""
+    if use_target:
+        return receive(decoder, stream, pos, count, shared)
+    taken = min(count, len(stream) - pos)
+    return taken, decoder.feed(stream[pos : pos + taken])
+
+
 SIZES = st.sampled_from([0, 1, 300, BIG - SIZE_PREFIX - 1, BIG - SIZE_PREFIX, BIG + 5000, 3 * BIG])
 
 
@@ -285,12 +324,7 @@ def test_big_frames_come_back_identical_whether_or_not_received_into_their_buffe
     for i in itertools.count():
         if pos == len(stream):
             break
-        want = reads[i % len(reads)]
-        if use_target:
-            taken, got = receive(decoder, stream, pos, want, shared)
-        else:
-            taken = min(want, len(stream) - pos)
-            got = decoder.feed(stream[pos : pos + taken])
+        taken, got = read_next(decoder, stream, pos, reads[i % len(reads)], shared, use_target)
         out += got
         pos += taken
         assert decoder.buffered == pos - sum(map(len, out))

@@ -17,7 +17,8 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from protocol import ApiKey, FrameDecoder, parse_request_header
 from protocol.testing import encode_response
 
-# "answer", "lose", "duplicate" or "close".
+# "answer", "lose", "duplicate", "close", or "garbage" (an impossible size prefix instead of
+# the answer, after the answers before it in the same write).
 Script = Callable[[int, int], str]
 
 
@@ -79,6 +80,9 @@ class FakeBroker:
                         await stream.send_all(out)
                         return
                     if action == "lose":
+                        continue
+                    if action == "garbage":
+                        out += b"\xff\xff\xff\xff"
                         continue
                     if header.api_key == ApiKey.API_VERSIONS:
                         answer = api_versions_answer(header.correlation_id, header.api_version)

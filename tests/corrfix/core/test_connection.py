@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,12 +179,17 @@ def test_a_broker_that_closes_silently_is_hinted_to_be_tls_unless_it_answered_be
     assert notices(known) == ["upstream closed before answering anything on this connection"]
 
 
-def test_garbage_from_the_broker_aborts():
+def test_garbage_from_the_broker_ends_the_connection_as_a_broker_close_does():
+    """Nothing more is read from the broker; the client gets what is ready, then the close."""
     core = make_core()
-    core.receive_upstream(b"\xff\xff\xff\xff", 1.0)
-    assert (
-        core.aborted and core.close_reason is not None and "bad response from upstream" in core.close_reason
-    )
+    core.receive_client(request_frame(ApiKey.PRODUCE, 100, 0), 1.0)
+    core.take()
+    core.receive_upstream(b"\xff\xff\xff\xff", 1.1)
+    assert core.stop_upstream and core.end_client and not core.aborted
+    assert core.close_reason is not None and "bad response from upstream" in core.close_reason
+    assert core.machine.closed is not None
+    repairs = [event for event in core.take_events() if isinstance(event, Repaired)]
+    assert [event.kind for event in repairs] == [RepairKind.POSSIBLE_DUPLICATE]  # the Produce left unanswered
 
 
 SHORT_FRAME = (2).to_bytes(4, "big") + b"\x00\x03"
@@ -200,15 +206,52 @@ def test_requests_read_before_a_malformed_one_still_reach_the_broker():
     assert core.close_reason is not None and "bad request from client" in core.close_reason
 
 
-def test_answers_read_before_a_malformed_one_are_delivered_before_the_abort():
+BAD_SIZE = (-1).to_bytes(4, "big", signed=True)
+"""A size prefix no frame can have: the stream cannot be framed past it."""
+
+
+def test_requests_read_before_a_bad_size_prefix_still_reach_the_broker():
+    core = make_core()
+    good = [request_frame(ApiKey.METADATA, 100 + i, i) for i in range(2)]
+    core.receive_client(b"".join(good) + BAD_SIZE, 1.0)
+    assert [int.from_bytes(frame[8:12], "big") for frame in core.take_upstream()] == [0, 1]
+    assert core.client_gone and core.end_upstream
+    assert core.close_reason is not None and "frame size -1" in core.close_reason
+
+
+@pytest.mark.parametrize("bad", [SHORT_FRAME, BAD_SIZE], ids=["short frame", "bad size"])
+def test_answers_read_before_a_malformed_one_are_delivered_before_the_close(bad):
     core = make_core()
     for i in range(2):
         core.receive_client(request_frame(ApiKey.METADATA, 100 + i, i), 1.0)
     core.take_upstream()
+    core.receive_upstream(bytes(response_frame(0, 0)) + bad, 1.2)
+    assert core.take_client() == [response_frame(100, 0)]
+    assert core.end_client and core.stop_upstream
+    assert core.close_reason is not None and "bad response from upstream" in core.close_reason
+
+
+def test_a_held_answer_freed_in_the_read_that_holds_a_malformed_frame_is_delivered():
+    core = make_core()
+    for i in range(2):
+        core.receive_client(request_frame(ApiKey.METADATA, 100 + i, i), 1.0)
+    core.take()
+    core.receive_upstream(response_frame(1, 1), 1.1)  # 0's answer lost: re-sent as 2, 1's held
+    core.take()
+    core.receive_upstream(bytes(response_frame(2, 0)) + SHORT_FRAME, 1.2)
+    assert core.take_client() == [response_frame(100, 0), response_frame(101, 1)]
+
+
+def test_a_malformed_answer_is_the_close_reason_even_when_it_comes_with_the_last_one_owed():
+    """The client had ended its stream, so the last answer would close the connection as
+    ``client closed``; the malformed frame in the same read is what closes it."""
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 100, 0), 1.0)
+    core.take()
+    core.receive_client(b"", 1.1)
     core.receive_upstream(bytes(response_frame(0, 0)) + SHORT_FRAME, 1.2)
     assert core.take_client() == [response_frame(100, 0)]
-    assert core.aborted and core.close_reason is not None
-    assert "bad response from upstream" in core.close_reason
+    assert core.close_reason is not None and "bad response from upstream" in core.close_reason
 
 
 def test_a_recording_core_reports_what_it_received_then_what_it_sent_then_the_machines_events():

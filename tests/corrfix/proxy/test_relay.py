@@ -154,6 +154,19 @@ async def test_requests_before_a_bad_frame_in_the_same_read_still_reach_the_brok
     assert broker.requests == [(ApiKey.LIST_OFFSETS, 0), (ApiKey.LIST_OFFSETS, 1)]
 
 
+async def test_answers_before_a_bad_frame_from_the_broker_reach_the_client_before_the_close(engine):
+    broker = FakeBroker(lambda index, _api_key: "garbage" if index == 1 else "answer")
+    async with trio.open_nursery() as nursery:
+        _, port = await start_pair(nursery, broker, engine)
+        with trio.fail_after(10):
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            requests = (bytes(request_frame(ApiKey.LIST_OFFSETS, cid, cid)) for cid in (5, 6))
+            await client.send_all(b"".join(requests))
+            got = answers(await read_frames(client, 2))  # the first answer, then the close
+        nursery.cancel_scope.cancel()
+    assert got == [(5, 5)]
+
+
 async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
     metrics = ProxyMetrics()
     broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
