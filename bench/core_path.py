@@ -7,9 +7,11 @@ deadline after each pair, with the cluster router's transform and local answer i
 no observer. Each batch's round trip varies a little: a constant one drives the probe timer's
 variation into subnormal floats, whose arithmetic is slow. Every batch's answers are checked
 to reach the client, so a broken feed cannot pass for a fast one. Thread CPU µs per request;
-best and median of the rounds.
+best and median of the rounds. ``--core minimal`` feeds engine_floor.py's minimal core
+instead (framing, ids, the request kept; no repair), the same way, for the difference.
 
     PYTHONPATH=<tree> python bench/core_path.py [--in-flight 5] [--requests 40000] [--rounds 7]
+        [--core minimal]
 
 Run it from outside a checkout for an A/B, so that ``PYTHONPATH`` decides which tree is timed.
 """
@@ -20,6 +22,7 @@ import argparse
 import statistics
 import time
 
+from engine_floor import MinimalCore
 from frames import CORRELATION_OFFSET, produce_frame
 
 from corrfix.core import BrokerPorts, ClusterRouter, ConnectionConfig, ConnectionCore, RepairMachine
@@ -27,13 +30,15 @@ from corrfix.core import BrokerPorts, ClusterRouter, ConnectionConfig, Connectio
 ANSWER_BODY = bytes(40)
 
 
-def one_round(request: bytes, in_flight: int, requests: int) -> float:
+def one_round(request: bytes, in_flight: int, requests: int, minimal: bool = False) -> float:
     """CPU µs per request for ``requests`` requests, ``in_flight`` per receive."""
     router = ClusterRouter("127.0.0.1", BrokerPorts(), lambda node, port: 1, set)
     machine = RepairMachine(
         transform=router.transform, local_answer=router.local_answer, flow_events=False, answer_events=False
     )
-    core = ConnectionCore(ConnectionConfig(), machine, 0.0)
+    core: ConnectionCore | MinimalCore = ConnectionCore(ConnectionConfig(), machine, 0.0)
+    if minimal:
+        core = MinimalCore(core)
     chunk = bytearray()
     for i in range(in_flight):
         frame = bytearray(request)
@@ -70,11 +75,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--size", type=int, default=100, help="request frame bytes")
+    parser.add_argument("--core", choices=("real", "minimal"), default="real")
     args = parser.parse_args()
     request = produce_frame(args.size)
-    rounds = sorted(one_round(request, args.in_flight, args.requests) for _ in range(args.rounds))
+    minimal = args.core == "minimal"
+    rounds = sorted(one_round(request, args.in_flight, args.requests, minimal) for _ in range(args.rounds))
     print(
-        f"{args.size} B, {args.in_flight} in flight: best {rounds[0]:.3f}, "
+        f"{args.core} core, {args.size} B, {args.in_flight} in flight: best {rounds[0]:.3f}, "
         f"median {statistics.median(rounds):.3f} µs per request"
     )
 
