@@ -371,8 +371,7 @@ class ConnectionCore:
         self._note("closing connection", "warning", reason=reason)
         self.stop_upstream = True
         self.decided += 1
-        self.machine.upstream_closed(self._out)
-        self._settle(marks)
+        self._upstream_closed(marks)
 
     def upstream_lost(self, error: str, now: float) -> None:
         """Reading from the broker failed (a reset): whatever is still owed cannot arrive."""
@@ -487,8 +486,11 @@ class ConnectionCore:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _upstream_closed(self) -> None:
-        marks = self._marks() if self._record else None
+    def _upstream_closed(self, marks: tuple[int, int, int] | None = None) -> None:
+        """The machine told that the broker is gone; ``marks``, if the output it adds is
+        reported from an earlier point (a recording core's)."""
+        if marks is None and self._record:
+            marks = self._marks()
         self.machine.upstream_closed(self._out)
         self._settle(marks)
 

@@ -174,6 +174,19 @@ def test_a_flush_waits_for_the_relay_pass_that_gathers_rows(tmp_path):
         writer.close()
 
 
+def announce_waits(writer: CaptureWriter, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once another thread waits on the writer's progress (a flush, a close): the lock is
+    let go in wait(), so an end of pass notified from then on reaches that waiter."""
+    waiting, wait = threading.Event(), writer._progress.wait
+
+    def announced_wait(timeout: float | None = None) -> bool:
+        waiting.set()
+        return wait(timeout)
+
+    monkeypatch.setattr(writer._progress, "wait", announced_wait)
+    return waiting
+
+
 def test_a_relay_pass_whose_end_fails_still_lets_a_flush_waiting_for_it_go_on(tmp_path, monkeypatch):
     """The pass is over even if queueing its rows fails: a flush waiting for its end is told,
     and does not wait for a pass that never ends."""
@@ -183,13 +196,7 @@ def test_a_relay_pass_whose_end_fails_still_lets_a_flush_waiting_for_it_go_on(tm
         shell.open()
         writer.begin_pass()
         shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
-        waiting, wait = threading.Event(), writer._progress.wait
-
-        def announced_wait(timeout: float | None = None) -> bool:
-            waiting.set()  # the lock is let go in wait(): a notify from now on reaches the flush
-            return wait(timeout)
-
-        monkeypatch.setattr(writer._progress, "wait", announced_wait)
+        waiting = announce_waits(writer, monkeypatch)
         flushed: list[bool] = []
         flusher = threading.Thread(target=lambda: flushed.append(writer.flush(timeout=10)))
         flusher.start()
@@ -220,13 +227,7 @@ def test_closing_waits_for_a_relay_pass_in_progress_and_writes_the_rows_it_gathe
     shell.open()
     writer.begin_pass()
     shell.close()  # gathered by the pass, not queued yet
-    waiting, wait = threading.Event(), writer._progress.wait
-
-    def announced_wait(timeout: float | None = None) -> bool:
-        waiting.set()  # the lock is let go in wait(): a notify from now on reaches close()
-        return wait(timeout)
-
-    monkeypatch.setattr(writer._progress, "wait", announced_wait)
+    waiting = announce_waits(writer, monkeypatch)
     closer = threading.Thread(target=writer.close)
     closer.start()
     assert waiting.wait(10)
