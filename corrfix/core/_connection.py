@@ -250,7 +250,7 @@ class ConnectionCore:
             return
         if not decoder.buffered:
             self._partial_since = None
-        elif self._partial_since is None or frames:
+        elif not self.stop_client and (self._partial_since is None or frames):
             self._partial_since = now  # a frame began in this chunk
             self._watch_at = min(self._watch_at, now + self.config.frame_timeout)
         if frames:
@@ -287,12 +287,20 @@ class ConnectionCore:
             self._watch_at = min(self._watch_at, now + self.config.frame_timeout)
         self._paused_mid_frame = False
 
+    def _stop_reading_client(self) -> None:
+        """Nothing more is read from the client: a request frame it left incomplete can no
+        longer complete, and no longer counts as its stall (a drain must not blame the client,
+        and drop the answers it waits to deliver, for the frame the proxy stopped reading)."""
+        self.stop_client = True
+        self._partial_since = None
+        self._paused_mid_frame = False
+        self.decided += 1
+
     def _on_client_eof(self) -> None:
         if self._client_decoder.buffered:
             self._note("client closed mid-frame", "warning", buffered=self._client_decoder.buffered)
         self.client_eof = True
-        self.stop_client = True
-        self.decided += 1
+        self._stop_reading_client()
         if self.machine.outstanding == 0:
             self._close_upstream("client closed")
 
@@ -307,11 +315,16 @@ class ConnectionCore:
             self.close_reason = reason
         if warning:
             self._note("closing connection", "warning", reason=reason)
-        self.stop_client = True
         self.abandon_client = True
-        self.decided += 1
+        self._stop_reading_client()
         self._out.to_client.clear()
         self._close_upstream(reason)
+        if self.end_client and not self.aborted:
+            # The proxy was delivering its last answers: with the client gone nothing is left
+            # to do (as finish() decides for a client already gone), rather than holding both
+            # sockets until the flush deadline.
+            self.aborted = True
+            self.decided += 1
 
     # -- the broker side ---------------------------------------------------------------
 
@@ -451,8 +464,7 @@ class ConnectionCore:
         """Stop reading requests; close once every outstanding request is answered."""
         self._now = now
         self.draining = True
-        self.stop_client = True
-        self.decided += 1
+        self._stop_reading_client()
         if self.machine.outstanding == 0:
             self._close_upstream("proxy draining")
 
@@ -461,8 +473,7 @@ class ConnectionCore:
         self._now = now
         if self.close_reason is None:
             self.close_reason = reason
-        self.stop_client = True
-        self.decided += 1
+        self._stop_reading_client()
         if self.client_gone:
             self.aborted = True
             self.decided += 1

@@ -130,6 +130,27 @@ def test_a_stalled_request_frame_closes_the_client_but_backpressure_does_not_age
     assert core.client_gone and core.close_reason == f"request frame incomplete for {CONFIG.frame_timeout:g}s"
 
 
+@pytest.mark.parametrize("stop", ["drain", "client_eof", "finish"])
+def test_a_request_frame_left_incomplete_once_reading_stops_is_not_the_clients_stall(stop):
+    """The proxy stops reading the client (SIGTERM's drain, its end of stream, a close the
+    proxy decided) while a request frame is half in: that frame cannot complete now, so it
+    cannot close the client as stalled, and the answer still owed is delivered."""
+    core = make_core()
+    second = request_frame(ApiKey.METADATA, 2, 2)
+    core.receive_client(request_frame(ApiKey.METADATA, 1, 1) + second[:10], 1.0)
+    (sent,) = core.take_upstream()
+    if stop == "drain":
+        core.drain(2.0)
+    elif stop == "client_eof":
+        core.receive_client(b"", 2.0)
+    else:
+        core.finish("proxy closing", 2.0)
+    core.tick(1.0 + CONFIG.frame_timeout)
+    assert not core.client_gone and not core.abandon_client
+    core.receive_upstream(response_frame(int.from_bytes(sent[8:12], "big"), 1), 7.0)
+    assert core.take_client() == [response_frame(1, 1)]
+
+
 def test_an_idle_connection_finishes_but_an_outstanding_request_is_not_idleness():
     core = make_core(
         ConnectionConfig(repair=RepairConfig(probe_after=1000.0, request_deadline=1e6), idle_timeout=60.0)
@@ -148,6 +169,17 @@ def test_a_closing_connection_that_cannot_deliver_in_time_is_aborted():
     assert core.end_client and not core.aborted
     core.tick(core.next_deadline())
     assert core.aborted
+
+
+def test_a_client_lost_while_the_proxy_delivers_its_last_answers_ends_the_connection_at_once():
+    """The proxy decided to close (here an idle connection) and the client vanished while the
+    last bytes went out: nothing is left to deliver, so the connection ends now, not at the
+    flush deadline, as finish() decides for a client gone before it."""
+    core = make_core()
+    core.tick(CONFIG.idle_timeout)
+    assert core.end_client and not core.aborted
+    core.client_lost("client connection lost while sending: reset", CONFIG.idle_timeout + 0.1)
+    assert core.aborted and core.close_reason == "idle for 60s"
 
 
 def test_drain_stops_reading_and_ends_the_broker_stream_once_nothing_is_owed():
