@@ -328,7 +328,8 @@ class ProxyConnection:
                 await upstream.send_eof()
             core.upstream_flushed(trio.current_time())
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            core.abort(f"upstream connection lost while sending: {exc or type(exc).__name__}")
+            # As a failed receive: what is ready is delivered, unanswered Produces are flagged.
+            core.upstream_lost(f"lost while sending: {exc or type(exc).__name__}", trio.current_time())
         self._sync()
 
     async def _write_client(self) -> None:

@@ -21,7 +21,8 @@ its ``on_end`` closes it: no task waits for a connection in the engine.
   EPOLLIN follows the core's decisions (stop reading, backpressure, discarding a closing
   client's input). A socket nobody waits on leaves the set.
 - Every connection's next deadline sits in one heap, with lazy deletion; the nearest is the
-  engine task's trio deadline.
+  engine task's trio deadline. An entry holds the connection through a slot emptied when the
+  connection ends, so entries left in the heap keep nothing of it alive.
 - Fairness: at most ``fair_reads`` receives per socket and pass. The set is level-triggered,
   so whatever is left is reported again on the next pass, after every other ready socket.
 - Nothing here blocks: every socket is non-blocking, and an error, a bad peer or a bug costs
@@ -46,6 +47,7 @@ import select
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
@@ -56,7 +58,7 @@ from corrfix.proxy._handoff import HandoffLock
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks
 from corrfix.proxy._spares import FrameSpares
-from corrfix.proxy._streams import FAIR_READS, Chunk, receive_buffer, send_frames, unsent
+from corrfix.proxy._streams import FAIR_READS, PLAIN_RECEIVE_SIZE, Chunk, receive_buffer, send_frames, unsent
 from protocol import BIG_FRAME, FrameDecoder
 
 _log = structlog.get_logger("corrfix.proxy")
@@ -142,6 +144,7 @@ class Relayed:
         "released",
         "scheduled",
         "sinks",
+        "slot",
         "upstream",
     )
 
@@ -170,6 +173,10 @@ class Relayed:
         self.local_deadline = math.inf  # the close grace, then the linger of the discarding
         self.discarded = 0
         self.scheduled = math.inf  # time of this connection's live entry in the heap
+        # What its heap entries hold instead of the connection itself: emptied when it is
+        # released, so that entries left in the heap (up to the idle timeout ahead) do not keep
+        # an ended connection, its requests kept for re-sending and its buffers alive.
+        self.slot: list[Relayed | None] = [self]
         self.dirty = False  # its deadline is to be read at the end of the current pass
         self.error: Exception | None = None
         self.over = False
@@ -196,9 +203,14 @@ class RelayEngine:
     def __init__(
         self, *, receive_size: int | None = None, fair_reads: int = FAIR_READS, threaded: bool = False
     ) -> None:
-        self._buffer: mmap.mmap | bytearray = (
-            receive_buffer() if receive_size is None else bytearray(receive_size)
-        )
+        if receive_size is not None:
+            self._buffer: mmap.mmap | bytearray = bytearray(receive_size)
+        elif threaded:
+            # Its own: trio's thread shares its buffer among the readers of the trio run, which
+            # receive while the engine's thread does (a connection with TLS on one side only).
+            self._buffer = mmap.mmap(-1, PLAIN_RECEIVE_SIZE)
+        else:
+            self._buffer = receive_buffer()  # the loop is a trio task: trio's thread, one reader at a time
         self._buffers = [self._buffer]
         self._view = memoryview(self._buffer)  # sliced per receive: one object, not two
         self._size = len(self._buffer)
@@ -207,7 +219,7 @@ class RelayEngine:
         self._epoll: select.epoll | None = None
         self._sides: dict[int, _Side] = {}
         self._live: set[Relayed] = set()
-        self._heap: list[tuple[float, int, Relayed]] = []
+        self._heap: list[tuple[float, int, list[Relayed | None]]] = []
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
         self._dirty: list[Relayed] | None = None  # during a pass: connections to schedule at its end
@@ -235,7 +247,34 @@ class RelayEngine:
         self._stopping = False
         self._guarded = False  # the system task that stops the thread with the run is running
         self.passes = 0
-        """Times the loop found sockets ready (a count for tests and profiles)."""
+        """Times the loop found sockets ready (a count for tests, profiles and ``/metrics``)."""
+        self._pass_began: float | None = None
+        """When the pass in progress began (the run's clock), None between passes: a pass that
+        never ends stops every plaintext connection while trio's loop runs on (``/livez``)."""
+        self._native_id: int | None = None  # the thread's id in /proc, while it runs
+        self._retired_cpu = 0.0  # CPU seconds of engine threads that have ended
+        self._cpu_lock = threading.Lock()  # a thread's end against a scrape: the count never goes back
+
+    @property
+    def running_thread(self) -> bool:
+        """Whether the engine's thread runs (it starts with the first connection adopted)."""
+        return self._native_id is not None
+
+    def pass_seconds(self) -> float:
+        """How long the pass in progress has run; 0.0 between passes. Any thread may ask."""
+        began, clock = self._pass_began, self._clock
+        if began is None or clock is None:
+            return 0.0
+        return max(clock.current_time() - began, 0.0)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the engine's threads have used (0.0 under a MockClock, where the loop is a
+        trio task). Any thread may ask."""
+        with self._cpu_lock:  # an ending thread waits here, alive, until /proc is read
+            used = self._retired_cpu
+            if self._native_id is not None:
+                used += thread_cpu_seconds(self._native_id)
+        return used
 
     @property
     def connections(self) -> int:
@@ -360,6 +399,12 @@ class RelayEngine:
     def _start_thread(self) -> None:
         epoll = self._epoll
         assert epoll is not None
+        if not self._guarded:
+            # Before the thread: should trio refuse the task (a run that is ending), no thread
+            # is left running that nothing stops, and the next connection cannot start a
+            # second one on the same set.
+            trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")
+            self._guarded = True
         wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._waiting_until = -math.inf
         thread = threading.Thread(
@@ -375,9 +420,6 @@ class RelayEngine:
             raise
         self._wake_fd = wake_fd
         self._thread = thread
-        if not self._guarded:
-            self._guarded = True
-            trio.lowlevel.spawn_system_task(self._stop_with_the_run, name="corrfix relay engine's end")
 
     async def _stop_with_the_run(self) -> None:
         """The thread lives as long as the trio run (idle, it waits in ``epoll.poll``)."""
@@ -397,6 +439,7 @@ class RelayEngine:
         a pass's errors cost its connections only), its connections fail with it and the next
         adopted connection starts a new thread and set, rather than joining a dead one."""
         self._thread_id = threading.get_ident()
+        self._native_id = threading.get_native_id()
         failure: Exception = RuntimeError("the relay engine stopped with the trio run")
         try:
             self._poll_and_serve(epoll)
@@ -415,6 +458,9 @@ class RelayEngine:
                         _log.exception("relay engine failed to close a connection as it stopped")
                 self._thread = None
                 self._thread_id = -1
+                with self._cpu_lock:
+                    self._retired_cpu += time.thread_time()
+                    self._native_id = None
                 self._running = False
                 self._epoll = None
                 self._wake_fd = -1
@@ -528,48 +574,52 @@ class RelayEngine:
         if ready:
             self.passes += 1
         now = self._now()
-        sides = self._sides
-        dirty: list[Relayed] = []
-        self._dirty = dirty
+        self._pass_began = now
         try:
-            for fd, flags in ready:
-                side = sides.get(fd)
-                if side is None:
-                    if fd == self._wake_fd:
-                        with contextlib.suppress(BlockingIOError):
-                            os.eventfd_read(fd)
-                    continue  # or its connection ended earlier in this pass
-                relayed = side.owner
-                try:
-                    if flags & _OUT or (side.backlog and flags & _READABLE):
-                        self._flush(side, now)
-                    if flags & _READABLE and side.mask & _IN and not relayed.over:
-                        if side.client and relayed.phase == _DISCARDING:
-                            self._discard(side)
-                        else:
-                            self._receive(side, now)
-                except Exception as exc:
-                    self._fail(relayed, exc)
-            if self._heap and self._heap[0][0] <= now:
-                self._timers(now)
+            sides = self._sides
+            dirty: list[Relayed] = []
+            self._dirty = dirty
+            try:
+                for fd, flags in ready:
+                    side = sides.get(fd)
+                    if side is None:
+                        if fd == self._wake_fd:
+                            with contextlib.suppress(BlockingIOError):
+                                os.eventfd_read(fd)
+                        continue  # or its connection ended earlier in this pass
+                    relayed = side.owner
+                    try:
+                        if flags & _OUT or (side.backlog and flags & _READABLE):
+                            self._flush(side, now)
+                        if flags & _READABLE and side.mask & _IN and not relayed.over:
+                            if side.client and relayed.phase == _DISCARDING:
+                                self._discard(side)
+                            else:
+                                self._receive(side, now)
+                    except Exception as exc:
+                        self._fail(relayed, exc)
+                if self._heap and self._heap[0][0] <= now:
+                    self._timers(now)
+            finally:
+                # Even after a bug: a connection changed outside a pass is scheduled at once, not
+                # put on a list no pass will read.
+                self._dirty = None
+            for relayed in dirty:  # each connection's deadline read once per pass, however often it was fed
+                relayed.dirty = False
+                if not relayed.over:
+                    try:
+                        self._schedule(relayed)
+                    except Exception as exc:
+                        self._fail(relayed, exc)
+            scope = self._scope
+            if scope is not None:
+                heap = self._heap
+                due = heap[0][0] if heap else math.inf
+                if scope.deadline != due:
+                    scope.deadline = due
+            return len(ready)
         finally:
-            # Even after a bug: a connection changed outside a pass is scheduled at once, not
-            # put on a list no pass will read.
-            self._dirty = None
-        for relayed in dirty:  # each connection's deadline read once per pass, however often it was fed
-            relayed.dirty = False
-            if not relayed.over:
-                try:
-                    self._schedule(relayed)
-                except Exception as exc:
-                    self._fail(relayed, exc)
-        scope = self._scope
-        if scope is not None:
-            heap = self._heap
-            due = heap[0][0] if heap else math.inf
-            if scope.deadline != due:
-                scope.deadline = due
-        return len(ready)
+            self._pass_began = None
 
     # -- sockets -------------------------------------------------------------------------
 
@@ -721,12 +771,14 @@ class RelayEngine:
                 if core.aborted:
                     self._end(relayed)
                     return
-            # A failed send is reported as the writer tasks report it.
+            # A failed send is reported as the writer tasks report it. The broker is gone as
+            # surely as when a receive fails: what is ready is delivered, and Produces left
+            # unanswered are flagged (docs/repair.md, rule 9), whichever side noticed first.
             if upstream.error is not None:
                 error, upstream.error = upstream.error, None
                 upstream.broken = True
                 upstream.backlog, upstream.unsent = [], 0
-                core.abort(f"upstream connection lost while sending: socket connection broken: {error}")
+                core.upstream_lost(f"lost while sending: socket connection broken: {error}", now)
                 continue
             if client.error is not None:
                 error, client.error = client.error, None
@@ -805,10 +857,10 @@ class RelayEngine:
             return
         relayed.scheduled = due
         heap = self._heap
-        heapq.heappush(heap, (due, next(self._order), relayed))
+        heapq.heappush(heap, (due, next(self._order), relayed.slot))
         if len(heap) > 2 * len(self._live) + 64:
             # Mostly superseded entries: keep one per connection.
-            heap = [(r.scheduled, next(self._order), r) for r in self._live if r.scheduled < math.inf]
+            heap = [(r.scheduled, next(self._order), r.slot) for r in self._live if r.scheduled < math.inf]
             heapq.heapify(heap)
             self._heap = heap
         scope = self._scope
@@ -821,8 +873,9 @@ class RelayEngine:
         heap = self._heap
         due: list[Relayed] = []
         while heap and heap[0][0] <= now:
-            when, _, relayed = heapq.heappop(heap)
-            if when == relayed.scheduled and not relayed.over:
+            when, _, slot = heapq.heappop(heap)
+            relayed = slot[0]
+            if relayed is not None and when == relayed.scheduled and not relayed.over:
                 relayed.scheduled = math.inf
                 due.append(relayed)
         for relayed in due:
@@ -879,6 +932,7 @@ class RelayEngine:
         if relayed.released:
             return
         try:
+            relayed.slot[0] = None  # its heap entries no longer hold it
             self._live.discard(relayed)
             if not self._live:
                 self._spares.clear()  # an idle engine keeps no big buffers
@@ -902,6 +956,20 @@ class RelayEngine:
             # numbers a new connection may take at once.
             relayed.released = True
 
+
+def thread_cpu_seconds(native_id: int) -> float:
+    """User and system CPU time of one of this process's threads, from /proc (0.0 once it
+    has ended)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return 0.0
+    # After the name: state is field 3 of stat(5), utime and stime are 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 _ENGINE: trio.lowlevel.RunVar[RelayEngine] = trio.lowlevel.RunVar("corrfix_relay_engine")
 

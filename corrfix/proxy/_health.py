@@ -4,8 +4,10 @@ Sans-IO: the trio side records facts (a heartbeat, the listeners up, an upstream
 or failure, the drain) and the HTTP thread asks for a verdict with the current monotonic
 time. A lock guards the facts, since the two run in different threads.
 
-* live: the listeners were started and the event loop ran its heartbeat lately. A loop
-  stuck in a long computation, or deadlocked, stops beating; a drain is still live.
+* live: the listeners were started, the event loop ran its heartbeat lately, and the relay
+  engine's thread is not stuck in one pass. A loop stuck in a long computation, or
+  deadlocked, stops beating; an engine pass that does not end stops every plaintext
+  connection while the loop beats on. A drain is still live.
 * ready: every configured upstream answered an ApiVersions request within ``stale``
   seconds, and the proxy is not draining. A failing verdict names each broker and how.
 """
@@ -61,7 +63,8 @@ class Liveness:
         with self._lock:
             self._stopped = True
 
-    def verdict(self, now: float) -> Verdict:
+    def verdict(self, now: float, engine_pass: float = 0.0) -> Verdict:
+        """``engine_pass``: how long the relay engine's pass in progress has run (0.0 between passes)."""
         with self._lock:
             beat, listening, stopped = self._beat, self._listening, self._stopped
         if stopped:
@@ -72,6 +75,12 @@ class Liveness:
         if silent > self.stall_limit:
             reason = (
                 f"the event loop has not run its heartbeat for {silent:.1f} s (limit {self.stall_limit:g} s)"
+            )
+            return Verdict(False, {"live": False, "reason": reason})
+        if engine_pass > self.stall_limit:
+            reason = (
+                f"the relay engine has been in one pass for {engine_pass:.1f} s"
+                f" (limit {self.stall_limit:g} s): its plaintext connections are not served"
             )
             return Verdict(False, {"live": False, "reason": reason})
         return Verdict(True, {"live": True})

@@ -2,7 +2,8 @@
 
 :class:`ProxyService` runs :meth:`Proxy.serve` with what operating it needs around it:
 
-* a heartbeat task, so ``/livez`` notices an event loop that stopped running;
+* a heartbeat task, so ``/livez`` notices an event loop that stopped running, and the
+  relay engine's pass in progress, so it notices an engine stuck in one;
 * the upstream ApiVersions checks behind ``/readyz``;
 * ``READY=1`` to the service manager once the listeners are up;
 * :meth:`drain` (SIGTERM): ``/readyz`` turns 503 and ``STOPPING=1`` is sent *before* the
@@ -22,6 +23,8 @@ import trio
 
 from corrfix.core import Address
 from corrfix.proxy._admin import AdminApp, AdminServer
+from corrfix.proxy._engine import RelayEngine, current_engine
+from corrfix.proxy._engine_metrics import EngineCollector
 from corrfix.proxy._health import Liveness, Readiness, Verdict
 from corrfix.proxy._health_metrics import HealthCollector
 from corrfix.proxy._metrics import ProxyMetrics
@@ -63,6 +66,8 @@ class ProxyService:
         """Set once the listeners are up (and READY=1 was sent)."""
         self.endpoint: Address | None = None
         """Where ``/livez`` and ``/readyz`` are served, said along with every READY=1."""
+        self.engine: RelayEngine | None = None
+        """The relay engine of the run being served (one per process), once it started."""
 
     @classmethod
     def build(
@@ -79,7 +84,8 @@ class ProxyService:
         return cls(proxy, Liveness(), readiness, ready_interval=ready_interval, reopen=reopen)
 
     def live(self) -> Verdict:
-        return self.liveness.verdict(self.clock())
+        engine = self.engine
+        return self.liveness.verdict(self.clock(), engine.pass_seconds() if engine is not None else 0.0)
 
     def ready(self) -> Verdict:
         if self.readiness is None:
@@ -88,6 +94,7 @@ class ProxyService:
 
     async def serve(self) -> None:
         """Serve until the proxy stops (cancelled, or drained)."""
+        self.engine = current_engine()
         async with trio.open_nursery() as nursery:
 
             async def serve_proxy(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
@@ -177,6 +184,7 @@ def open_admin(
             service.clock,
         )
         metrics.registry.register(collector)
+        metrics.registry.register(EngineCollector(lambda: service.engine))
         servers.append(AdminServer(metrics_address, AdminApp(service.live, service.ready, metrics.registry)))
     if admin_address is not None:
         servers.append(AdminServer(admin_address, AdminApp(service.live, service.ready)))

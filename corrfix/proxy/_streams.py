@@ -156,8 +156,10 @@ _receive_buffers = threading.local()
 
 
 def receive_buffer() -> mmap.mmap:
-    """One receive buffer per thread, shared by every reader of the trio run in it and by its
-    engine: each uses what it received before its next await, so idle connections cost no buffer.
+    """One receive buffer per thread, shared by every reader of the trio run in it (and by its
+    engine when the engine's loop is a trio task, under a MockClock; the engine's own thread
+    has a buffer of its own): each uses what it received before its next await, so idle
+    connections cost no buffer.
 
     An anonymous mapping rather than a ``bytearray`` (which zeroes, so touches, all of its 1 MiB):
     only the pages receives have written become resident, one page while frames are small.

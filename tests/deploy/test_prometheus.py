@@ -21,6 +21,7 @@ ALERTS = {
     "CorrfixCaptureRowsLost",
     "CorrfixUpstreamUnreachable",
     "CorrfixConnectionsNearLimit",
+    "CorrfixRelayEngineSaturated",
 }
 
 

@@ -8,17 +8,20 @@ that what goes wrong on one connection stays there.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import select
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
 import structlog
 import trio
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 from trio.testing import wait_all_tasks_blocked
 
@@ -30,21 +33,29 @@ from corrfix.core import (
     ConnectionConfig,
     ConnectionCore,
     Event,
+    RepairConfig,
     RepairMachine,
 )
 from corrfix.proxy import _engine as engine_module
 from corrfix.proxy._engine import Relayed, RelayEngine
+from corrfix.proxy._engine_metrics import EngineCollector
 from corrfix.proxy._handoff import HandoffLock
+from corrfix.proxy._health import Liveness
 from corrfix.proxy._observer import SerializedObserver
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
 from corrfix.proxy._spares import FrameSpares
+from corrfix.proxy._streams import receive_buffer
 from protocol import BIG_FRAME, ApiKey, FrameDecoder, parse_request_header
 from protocol.testing import request_frame
 from tests.support.fake_broker import answers, echo_answer, read_frames
 from tests.support.polling import wait_until
+from tests.support.produce_frames import produce_frame, record_batch
 
 TEST_DEADLINE = 20.0
 """A hang guard around each test's network steps, not a timed assertion."""
+NO_PROBES = ConnectionConfig(repair=RepairConfig(probe_min=TEST_DEADLINE, probe_after=TEST_DEADLINE))
+"""For tests that count the frames the broker reads: on a loaded machine a slow answer is
+worth a probe (adaptive, from the latency seen), and the probe is a frame too."""
 
 
 async def tcp_pair(buffers: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -308,7 +319,7 @@ async def test_big_frames_are_received_into_their_own_buffers_and_arrive_intact(
     sizes = [[300_000], [300_000], [200], [200_000, 200_000], [1_500_000], [300_000, 90], [5_000_000]]
     async with trio.open_nursery() as nursery:
         link = await Link.open("big")
-        link.adopt(engine, nursery)
+        link.adopt(engine, nursery, NO_PROBES)
         with trio.fail_after(TEST_DEADLINE):
             cid = 0
             for batch in sizes:
@@ -351,7 +362,7 @@ async def test_a_capture_of_big_frames_holds_their_bytes_while_buffers_are_reuse
                 await Link.open("b", buffers=1 << 20),
             ]
             for link in links:
-                link.adopt(engine, nursery, observer=SerializedObserver(writer))
+                link.adopt(engine, nursery, NO_PROBES, observer=SerializedObserver(writer))
             with trio.fail_after(TEST_DEADLINE):
                 for cid in range(1, 9):
                     relayed = []
@@ -793,6 +804,34 @@ async def test_a_failed_thread_fails_its_connections_and_the_next_one_gets_a_new
         nursery.cancel_scope.cancel()
 
 
+async def test_a_run_that_refuses_the_engine_s_guard_gets_no_thread_and_the_next_connection_one(monkeypatch):
+    """The task that stops the thread with the trio run is spawned before the thread: when trio
+    refuses it (a run that is ending), no thread is left that nothing would stop, and the next
+    connection starts the only one, not a second thread on the same set."""
+    engine = RelayEngine(threaded=True)
+    spawn = trio.lowlevel.spawn_system_task
+    refused: list[str] = []
+
+    def refuse_once(*args: object, **kwargs: object) -> object:
+        if not refused:
+            refused.append("refused")
+            raise RuntimeError("the run is ending")
+        return spawn(*args, **kwargs)  # type: ignore[arg-type]
+
+    before = engine_threads()
+    async with trio.open_nursery() as nursery:
+        first, second = await Link.open("first"), await Link.open("second")
+        monkeypatch.setattr(trio.lowlevel, "spawn_system_task", refuse_once)
+        with pytest.raises(RuntimeError, match="the run is ending"):
+            first.adopt(engine, nursery)
+        assert engine_threads() == before
+        second.adopt(engine, nursery)
+        with trio.fail_after(TEST_DEADLINE):
+            await second.round_trip(1)
+        assert len(engine_threads()) == len(before) + 1
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_connection_that_cannot_be_taken_in_costs_only_itself():
     """Connections queued together are taken in one after another: one the engine fails to
     take in is closed with the error, and the ones queued after it are still relayed."""
@@ -864,3 +903,178 @@ def test_the_thread_ends_with_the_trio_run():
     before = engine_threads()
     trio.run(relay_one)
     assert engine_threads() == before
+
+
+async def test_an_ended_connection_is_not_kept_alive_by_its_deadlines():
+    """Deadlines sit in one heap, superseded ones until they fire (up to the idle timeout
+    ahead). They must not keep an ended connection alive: its decoders keep a buffer the size
+    of its last big frame, and its machine the requests it kept for re-sending."""
+    engine = RelayEngine()
+    size = 2 * BIG_FRAME
+    async with trio.open_nursery() as nursery:
+        keeper = await Link.open("keeper")  # a live connection: the engine and its heap stay
+        keeper.adopt(engine, nursery)
+        for i in range(5):
+            link = await Link.open(f"c{i}")
+            with trio.fail_after(TEST_DEADLINE):
+                async with trio.open_nursery() as own:  # ends once the client has closed too
+                    link.adopt(engine, own)
+                    own.start_soon(polite_client, link)
+                    await link.client.send_all(padded_request(1, size))
+                    (request,) = await read_frames(link.broker, 1)
+                    big = bytearray(padded_request(0, size))
+                    big[8:12] = request[8:12]
+                    await link.broker.send_all(answer_to(big))
+                    await link.client.send_eof()  # the polite client reads the answer, then closes
+                    await _polite_broker(link)
+        del link
+        assert engine._heap  # entries of the ended connections are still there, as designed
+        gc.collect()
+        ended = [o for o in gc.get_objects() if isinstance(o, Relayed) and o.over]
+        assert ended == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_engine_s_thread_receives_into_a_buffer_trio_s_readers_do_not_share():
+    """trio's thread lends one buffer to every reader of the run (a connection with TLS on one
+    side reads its plaintext side into it); the engine's thread receives at the same time, so
+    it must not use that one. A loop that is a trio task may."""
+    assert RelayEngine(threaded=True)._buffer is not receive_buffer()
+    assert RelayEngine(threaded=False)._buffer is receive_buffer()
+
+
+def reset(stream: trio.SocketStream) -> None:
+    """Close with a reset (RST), as a broker that crashes does."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
+
+
+@pytest.mark.parametrize("noticed", ["on a receive", "on a send"])
+async def test_a_broker_reset_flags_the_unanswered_produce_whichever_side_notices_it(noticed):
+    """docs/repair.md rule 9: a broker gone with a non-idempotent Produce unanswered flags it as
+    a possible duplicate. A send that meets the reset first (a client request relayed in the
+    same pass) aborted the connection instead, unflagged."""
+    engine = RelayEngine()
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("reset")
+        relayed = link.adopt(engine, nursery)
+        nursery.start_soon(polite_client, link)
+        with trio.fail_after(TEST_DEADLINE):
+            produce, _ = produce_frame(7, topics=[[record_batch(-1)]])  # no producer id: not idempotent
+            await link.client.send_all(produce)
+            await read_frames(link.broker, 1)  # the broker has it, and may have appended it
+            await wait_all_tasks_blocked()
+            if noticed == "on a send":
+                # The client's next request is ready in the same pass as the broker's reset.
+                more = request_frame(ApiKey.METADATA, 8, 8)
+                assert os.write(link.client.socket.fileno(), more) == len(more)
+            reset(link.broker)
+            await link.over.wait()
+        nursery.cancel_scope.cancel()
+    assert relayed.sinks.repairs["possible_duplicate"] == 1
+    assert link.reason.startswith("upstream closed with ")
+
+
+# -- what /livez and /metrics read of the engine, from another thread --------------------------
+
+
+async def test_a_pass_that_does_not_end_is_seen_from_another_thread_and_fails_livez(monkeypatch):
+    """A pass stuck in one connection stops every plaintext connection while trio's loop beats
+    on: the engine says how long the pass in progress has run, and ``/livez`` fails on it."""
+    engine = RelayEngine(threaded=True)
+    entered, release = threading.Event(), threading.Event()
+    liveness = Liveness(stall_limit=0)
+    liveness.beat(0)
+    liveness.listening()
+
+    class Stuck(PassCalls):
+        armed = False
+
+        def events(self, connection: str, events: list[Event]) -> None:
+            if self.armed:  # the request's events, in the engine's pass
+                entered.set()
+                release.wait(TEST_DEADLINE)
+
+    async with trio.open_nursery() as nursery:
+        link = await Link.open("stuck")
+        stuck = Stuck()
+        link.adopt(engine, nursery, observer=stuck)
+        assert engine.pass_seconds() == 0.0  # between passes
+        stuck.armed = True
+        with trio.fail_after(TEST_DEADLINE):
+            await link.client.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+            await trio.to_thread.run_sync(entered.wait)
+            assert engine.pass_seconds() > 0.0
+            verdict = liveness.verdict(0, engine.pass_seconds())
+            assert not verdict.ok
+            assert verdict.detail["reason"].startswith("the relay engine has been in one pass for ")
+            release.set()
+            (request,) = await read_frames(link.broker, 1)  # the pass went on
+            await wait_until(lambda: engine.pass_seconds() == 0.0)
+        assert liveness.verdict(0, engine.pass_seconds()).ok
+        await link.broker.send_all(answer_to(request))
+        assert answers(await read_frames(link.client, 1)) == [(1, 1)]
+        nursery.cancel_scope.cancel()
+
+
+def test_a_thread_s_cpu_time_is_read_for_that_thread_alone():
+    """``/metrics`` reads the engine thread's CPU from /proc, from the HTTP thread: a thread that
+    spins is charged, and the one that asks is not."""
+    done = threading.Event()
+    spun: list[float] = []
+    native: list[int] = []
+
+    def spin() -> None:
+        native.append(threading.get_native_id())
+        start = time.thread_time()
+        while time.thread_time() - start < 0.2:
+            pass
+        spun.append(time.thread_time())
+        done.wait(TEST_DEADLINE)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        while not spun:
+            pass  # this thread spins too, uncharged to the other
+        charged = engine_module.thread_cpu_seconds(native[0])
+        assert abs(charged - spun[0]) <= 0.03, (charged, spun[0])  # /proc counts in ticks of 10 ms
+    finally:
+        done.set()
+        thread.join()
+    assert engine_module.thread_cpu_seconds(native[0]) == 0.0  # ended: no /proc entry
+
+
+def test_the_engine_s_cpu_outlives_its_thread_and_the_metrics_read_it():
+    """The engine's CPU counter keeps what an ended thread used (a counter never goes back),
+    and ``/metrics`` exports it with the connections, the thread and the passes."""
+    engine = RelayEngine(threaded=True)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(lambda: engine))
+    seen: dict[str, float] = {}
+
+    async def relay_one() -> None:
+        async with trio.open_nursery() as nursery:
+            link = await Link.open("one")
+            link.adopt(engine, nursery)
+            with trio.fail_after(TEST_DEADLINE):
+                await link.round_trip(1)
+            seen["connections"] = registry.get_sample_value("corrfix_engine_connections") or 0
+            seen["threads"] = registry.get_sample_value("corrfix_engine_threads") or 0
+            seen["passes"] = registry.get_sample_value("corrfix_engine_passes_total") or 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(relay_one)
+    assert seen["connections"] == 1 and seen["threads"] == 1 and seen["passes"] >= 2
+    assert not engine.running_thread
+    assert registry.get_sample_value("corrfix_engine_threads") == 0
+    kept = engine.cpu_seconds()
+    assert kept > 0.0  # the ended thread's own count (time.thread_time), not /proc's ticks
+    assert registry.get_sample_value("corrfix_engine_cpu_seconds_total") == kept
+
+
+def test_the_engine_metrics_are_exported_at_zero_before_the_proxy_runs():
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(lambda: None))
+    for name in ("connections", "threads", "passes_total", "cpu_seconds_total"):
+        assert registry.get_sample_value(f"corrfix_engine_{name}") == 0, name

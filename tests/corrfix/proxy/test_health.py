@@ -26,6 +26,22 @@ def test_live_once_listening_while_the_loop_beats():
     assert liveness.verdict(111).detail == {"live": False, "reason": "the proxy has stopped serving"}
 
 
+def test_not_live_while_the_relay_engine_is_stuck_in_one_pass():
+    """The loop beats on while the engine's thread is stuck: plaintext connections are not
+    served, so ``/livez`` fails, and says which of the two stopped."""
+    liveness = Liveness(stall_limit=10)
+    liveness.beat(100)
+    liveness.listening()
+    assert liveness.verdict(101, engine_pass=10).ok  # at the limit: still live
+    stuck = liveness.verdict(101, engine_pass=12.25)
+    assert not stuck.ok
+    assert stuck.detail["reason"] == (
+        "the relay engine has been in one pass for 12.2 s (limit 10 s):"
+        " its plaintext connections are not served"
+    )
+    assert "heartbeat" in liveness.verdict(120, engine_pass=12.25).detail["reason"]  # the loop first
+
+
 def test_not_ready_before_the_first_check():
     verdict = Readiness([BROKER], stale=15).verdict(0)
     assert not verdict.ok

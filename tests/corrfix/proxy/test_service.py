@@ -13,6 +13,7 @@ import trio.testing
 
 from corrfix.core import Address
 from corrfix.proxy import Proxy, ProxyConfig
+from corrfix.proxy._engine import current_engine
 from corrfix.proxy._health import Liveness, Readiness
 from corrfix.proxy._readiness import CheckFailed, check_upstream
 from corrfix.proxy._service import ProxyService
@@ -118,6 +119,41 @@ async def test_draining_is_not_ready_before_the_proxy_stops_accepting(tansu, moc
 async def test_without_checks_readyz_says_so():
     service = ProxyService(Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 1))), Liveness())
     assert service.ready().detail == {"ready": False, "reasons": ["upstream checks are off"]}
+
+
+class EngineInAPass:
+    """The one thing ``/livez`` asks of the relay engine: how long its pass in progress has run."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def pass_seconds(self) -> float:
+        return self.seconds
+
+
+async def test_livez_asks_the_engine_of_the_run_it_serves():
+    """``serve()`` takes the run's relay engine, and ``/livez`` fails while a pass of it has run
+    past the stall limit, though the event loop beats."""
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 1)))
+    service = ProxyService(proxy, Liveness(stall_limit=10), clock=trio.current_time)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(service.serve)
+        with trio.fail_after(20):
+            await service.listening.wait()
+        assert service.engine is current_engine()
+        engine = EngineInAPass()
+        service.engine = engine  # type: ignore[assignment]
+        assert service.live().ok
+        engine.seconds = 10.5
+        verdict = service.live()
+        assert not verdict.ok
+        assert verdict.detail["reason"] == (
+            "the relay engine has been in one pass for 10.5 s (limit 10 s):"
+            " its plaintext connections are not served"
+        )
+        engine.seconds = 0.0
+        assert service.live().ok
+        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
