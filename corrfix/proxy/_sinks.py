@@ -69,20 +69,21 @@ class ConnectionSinks:
 
     def received_from_client(self, size: int) -> None:
         if self.metrics is not None:
-            self.metrics.client_request_bytes.inc(size)
+            self.metrics.tally().client_request_bytes += size
 
     def received_from_upstream(self, size: int) -> None:
         if self.metrics is not None:
-            self.metrics.upstream_response_bytes.inc(size)
+            self.metrics.tally().upstream_response_bytes += size
 
     def output(self, to_upstream: list[bytearray], to_client: list[bytearray], events: list[Event]) -> None:
         """One batch the core handed over (its frames are sent by the caller)."""
         metrics = self.metrics
         if metrics is not None:
+            tally = metrics.tally()
             if to_upstream:
-                metrics.upstream_request_bytes.inc(sum(map(len, to_upstream)))
+                tally.upstream_request_bytes += sum(map(len, to_upstream))
             if to_client:
-                metrics.client_response_bytes.inc(sum(map(len, to_client)))
+                tally.client_response_bytes += sum(map(len, to_client))
         if events:
             if self.observer is not None:
                 self.observer.events(self.conn_id, events)
@@ -95,7 +96,7 @@ class ConnectionSinks:
             self.stats.answering_upstreams.add(self.upstream)
 
     def _consume(self, events: Sequence[Event]) -> None:
-        """Metrics and logs from the core's events; requests are counted once per api key and batch."""
+        """Metrics and logs from the core's events, counted into this thread's tally."""
         metrics = self.metrics
         if metrics is None:  # only repairs and notices matter: one type check per event
             for event in events:
@@ -104,18 +105,17 @@ class ConnectionSinks:
                 elif type(event) is Notice:
                     self._notice(event)
             return
-        forwarded: dict[int, int] = {}
+        tally = metrics.tally()
+        requests = tally.requests
         for event in events:
             if isinstance(event, Forwarded):
-                forwarded[event.api_key] = forwarded.get(event.api_key, 0) + 1
+                requests[event.api_key] = requests.get(event.api_key, 0) + 1
             elif isinstance(event, Answered):
-                metrics.answer(event.api_key, event.seconds)
+                tally.answer(event.api_key, event.seconds)
             elif isinstance(event, Repaired):
                 self._record(event)
             elif isinstance(event, Notice):
                 self._notice(event)
-        for api_key, count in forwarded.items():
-            metrics.request(api_key, count)
 
     def _notice(self, event: Notice) -> None:
         if event.level == "warning":
