@@ -373,14 +373,15 @@ class RepairMachine:
         timed: dict[int, _Request] = {}  # the first answer of each api key in the batch
         sent, order, client_order = self._sent, self._send_order, self._client_order
         to_client, transform = actions.to_client, self._transform
+        answer_events = actions.events if self._answer_events else None
         plain = self._plain_answers()
         for frame in frames:
             if self.closed is not None:
                 break
             if plain:
                 # The usual answer, inline: to the oldest send, which is the oldest request
-                # owed to the client (so a request, not a probe), nothing to hold, no event.
-                # Anything else takes _on_response, which does the same in this case.
+                # owed to the client (so a request, not a probe), nothing to hold, no event
+                # but its Answered. Anything else takes _on_response, which does the same here.
                 try:
                     (upstream_id,) = _read_id(frame, RESPONSE_CORRELATION_OFFSET)
                 except struct.error:
@@ -391,6 +392,12 @@ class RepairMachine:
                     del sent[upstream_id], order[0]
                     self._probe_backoff = 0
                     api_key = entry.api_key
+                    if answer_events is not None:
+                        answer_events.append(
+                            Answered(
+                                api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent
+                            )
+                        )
                     if transform is not None:
                         rewritten = transform(api_key, entry.api_version, frame)
                         if rewritten is not frame:
@@ -539,14 +546,14 @@ class RepairMachine:
             del acks0[oldest]
 
     def _plain_answers(self) -> bool:
-        """Whether answers need nothing but matching, for now: no SASL exchange or token
-        owed, no acks=0 reply possible, no per-answer event, no client to compensate."""
+        """Whether answers need nothing but matching (and their ``Answered`` event, for
+        metrics), for now: no SASL exchange or token owed, no acks=0 reply possible, no
+        client to compensate."""
         return not (
             self._sasl_pending
             or self._sasl_handshake is not None
             or self._sasl_v0.tokens_owed
             or self._acks0
-            or self._answer_events
             or self._compat_client is not None
         )
 
