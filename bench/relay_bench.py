@@ -40,7 +40,15 @@ class Case:
 
 FULL_CASES = [Case(s, c, w) for s in (100, 16 * KIB, MIB) for c in (1, 16) for w in (1, 5)]
 QUICK_CASES = [Case(100, 1, 1), Case(100, 16, 5), Case(16 * KIB, 16, 1), Case(MIB, 16, 1)]
-ALL_TARGETS = ("direct", "haproxy", "bare-python", "corrfix", "corrfix-w2", "corrfix-capture")
+ALL_TARGETS = (
+    "direct",
+    "haproxy",
+    "bare-python",
+    "corrfix",
+    "corrfix-w2",
+    "corrfix-metrics",
+    "corrfix-capture",
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,9 @@ def run_relay(
                 running[name] = stack.enter_context(targets.corrfix(echo.port, work, name))
             elif name == "corrfix-w2":
                 running[name] = stack.enter_context(targets.corrfix(echo.port, work, name, workers=2))
+            elif name == "corrfix-metrics":  # as deployments run it: /metrics served
+                extra = ["--metrics", "127.0.0.1:0"]
+                running[name] = stack.enter_context(targets.corrfix(echo.port, work, name, extra=extra))
             elif name == "corrfix-capture":
                 extra = ["--capture-dir", str(capture_dir)]
                 running[name] = stack.enter_context(targets.corrfix(echo.port, work, name, extra=extra))
@@ -165,6 +176,8 @@ def run_relay(
             if "corrfix-capture" in summary and "corrfix" in summary:
                 base = summary["corrfix"]["rps"]
                 entry["capture_vs_off"] = ratio(summary["corrfix-capture"]["rps"], base)
+            if "corrfix-metrics" in summary and "corrfix" in summary:
+                entry["metrics_vs_off"] = ratio(summary["corrfix-metrics"]["rps"], summary["corrfix"]["rps"])
             results.append(entry)
             line = ", ".join(f"{n} {s['rps']:,.0f}/s p50 {s['p50_us']:,.0f}µs" for n, s in summary.items())
             log(f"  {case.key:>16}: {line}")

@@ -220,6 +220,19 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {s['p99_us']:,.0f} | {_num(cpu, '.2f')} | {_num(per_request, ',.0f')} "
                     f"| {_num(rss, '.0f')} | {_fmt(vh)} | {_fmt(vd)} |"
                 )
+        metered = [c for c in relay["cases"] if c.get("metrics_vs_off")]
+        if metered:
+            out.append("\n### Metrics\n")
+            out.append(
+                "`--metrics` on vs off (req/s of corrfix-metrics / corrfix), per case, with each one's "
+                "CPU µs per request: deployments serve `/metrics`.\n"
+            )
+            out.append("| case | metrics on / off | CPU µs/req off | CPU µs/req on |\n|---|---|---|---|")
+            for c in metered:
+                off = c["targets"]["corrfix"]["cpu_us_per_request"]
+                on = c["targets"]["corrfix-metrics"]["cpu_us_per_request"]
+                shown = f"{_num(off, ',.1f')} | {_num(on, ',.1f')}"
+                out.append(f"| {c['case']} | {_fmt(c['metrics_vs_off'])} | {shown} |")
         if relay.get("capture_rows"):
             rows = relay["capture_rows"]
             out.append("\n### Capture\n")
