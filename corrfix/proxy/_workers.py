@@ -3,7 +3,8 @@
 The kernel spreads new connections over the workers, and a connection lives in one of
 them; nothing else about the proxy changes. This supervisor starts the workers, passes
 SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker that dies
-on its own, and serves one ``/metrics`` that sums every worker's samples (counters, gauges
+on its own (at most ``MAX_RESTARTS`` within ``RESTART_WINDOW``: a worker crashing in a loop
+stops the proxy), and serves one ``/metrics`` that sums every worker's samples (counters, gauges
 and histogram buckets all add up across processes; ``_created`` times take the earliest).
 Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
 Each worker serves one endpoint of its own, on a loopback port the kernel picks, and says
@@ -17,6 +18,8 @@ once every worker listens.
 
 from __future__ import annotations
 
+import collections
+import http.client
 import json
 import os
 import signal
@@ -43,6 +46,10 @@ from corrfix.proxy._systemd import ENDPOINT, NOTIFY_SOCKET, READY, STOPPING, Not
 
 log = structlog.get_logger("corrfix.workers")
 MAX_RESTARTS = 10
+RESTART_WINDOW = 60.0
+"""Workers that die on their own are restarted, up to ``MAX_RESTARTS`` within this many
+seconds: a worker crashing in a loop stops the proxy, occasional deaths over its life do not."""
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SCRAPE_TIMEOUT = 2.0
 POLL_INTERVAL = 0.2
 CREATED_SUFFIX = "_created"
@@ -95,9 +102,12 @@ class SummedWorkerMetrics(Collector):
                 url = f"http://{endpoint}/metrics"
                 with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
                     text = response.read().decode()
-            except OSError:
-                continue  # a worker restarting: its counters return with it
-            for family in text_string_to_metric_families(text):
+                parsed = list(text_string_to_metric_families(text))
+            except (OSError, http.client.HTTPException, ValueError):
+                # A worker restarting, or killed while it answered (a short read): its counters
+                # return with it, and the other workers' are still served.
+                continue
+            for family in parsed:
                 families.setdefault(family.name, family)
                 for sample in family.samples:
                     key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
@@ -147,9 +157,12 @@ class WorkersHealth:
                 with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=SCRAPE_TIMEOUT) as response:
                     answer.update(status=response.status, detail=json.loads(response.read()))
             except urllib.error.HTTPError as exc:
-                answer.update(status=exc.code, detail=json.loads(exc.read() or b"null"))
-            except (OSError, ValueError) as exc:
-                answer.update(status=None, error=f"no answer: {exc}")
+                try:
+                    answer.update(status=exc.code, detail=json.loads(exc.read() or b"null"))
+                except (OSError, http.client.HTTPException, ValueError):
+                    answer.update(status=exc.code, detail=None)  # the verdict, without its body
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                answer.update(status=None, error=f"no answer: {exc!r}")
             answers.append(answer)
         return answers
 
@@ -232,31 +245,52 @@ def run_workers(
         log.error("cannot start", error=str(exc))
         notifications.close()
         return 2
-    processes = [start(i) for i in range(workers)]
-    log.info("workers started", workers=workers, pids=[p.pid for p in processes])
+    processes: list[subprocess.Popen[bytes]] = []
     stopping = False
-
+    stop_signal: int | None = None
+    told: set[int] = set()  # workers sent the stop signal
     reopen = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping, reopen
+        nonlocal stopping, stop_signal, reopen
         if signum == signal.SIGHUP:
             notify(reloading())
             reopen = True  # the loop re-opens the log: a handler may interrupt a write to it
         else:
             stopping = True
+            stop_signal = signum
             health.draining = True
             notify(STOPPING)
         for process in processes:
-            if process.poll() is None:
-                process.send_signal(signum)
+            if process.poll() is not None:
+                continue
+            if signum == signal.SIGHUP and not notifications.said_ready(process.pid):
+                continue  # still starting: it opens its files anew, and SIGHUP would kill it
+            process.send_signal(signum)
+            if signum != signal.SIGHUP:
+                told.add(process.pid)
         if signum == signal.SIGHUP:
             notify(READY)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGHUP, forward)
-    restarts = 0
+    def started_worker(index: int) -> subprocess.Popen[bytes]:
+        """Start a worker; one that a stop signal missed while it started is told now."""
+        process = start(index)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # the check and the send, in one step
+        try:
+            if stop_signal is not None and process.pid not in told:
+                process.send_signal(stop_signal)
+                told.add(process.pid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return process
+
+    # Before the first worker starts: a signal from then on is forwarded, never the default.
+    for signum in _FORWARDED:
+        signal.signal(signum, forward)
+    for index in range(workers):
+        processes.append(started_worker(index))
+    log.info("workers started", workers=workers, pids=[p.pid for p in processes])
+    restarts: collections.deque[float] = collections.deque()  # when workers were restarted
     while True:
         if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
             notify(READY)  # every worker listens
@@ -283,16 +317,25 @@ def run_workers(
                 if served:
                     endpoints[index] = "exited"  # drained: nothing to ask it any more
                 continue
-            if restarts >= MAX_RESTARTS:
-                log.error("worker keeps dying, stopping", worker=index, returncode=rc)
+            now = time.monotonic()
+            while restarts and now - restarts[0] > RESTART_WINDOW:
+                restarts.popleft()
+            if len(restarts) >= MAX_RESTARTS:
+                log.error(
+                    "worker keeps dying, stopping",
+                    worker=index,
+                    returncode=rc,
+                    restarts=len(restarts),
+                    window=RESTART_WINDOW,
+                )
                 forward(signal.SIGTERM, None)
                 break
-            restarts += 1
+            restarts.append(now)
             log.warning("worker exited, restarting", worker=index, returncode=rc)
             notifications.forget(process.pid)
             if served:
                 endpoints[index] = "starting"
-            processes[index] = start(index)
+            processes[index] = started_worker(index)
     notifications.close()
     codes = [p.returncode for p in processes]
     log.info("workers stopped", returncodes=codes)

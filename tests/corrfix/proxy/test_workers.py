@@ -4,12 +4,23 @@ worker serves, and the supervisor's health while a worker starts or has drained.
 from __future__ import annotations
 
 import os
+import socketserver
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
 
 from corrfix.core import Address
+from corrfix.proxy._admin import AdminApp, AdminServer
+from corrfix.proxy._health import Verdict
 from corrfix.proxy._systemd import READY, endpoint, notify
 from corrfix.proxy._workers import (
     OWN_ENDPOINT,
     WORKER_ENDPOINT_VARIABLE,
+    Slot,
+    SummedWorkerMetrics,
     WorkerNotifications,
     WorkersHealth,
     endpoints_to_serve,
@@ -17,6 +28,10 @@ from corrfix.proxy._workers import (
 )
 
 METRICS, ADMIN = Address("0.0.0.0", 9100), Address("127.0.0.1", 9101)
+
+
+HARNESS_TIMEOUT = 60
+"""A hang guard for one run of the stand-in supervisor (they take a few seconds)."""
 
 
 def test_a_worker_s_endpoint_is_read_from_its_ready_message_and_bad_ones_are_skipped():
@@ -83,3 +98,75 @@ def test_a_worker_starting_or_drained_keeps_the_supervisor_live_but_not_ready():
 def test_a_worker_that_does_not_answer_makes_the_supervisor_not_live():
     with_a_closed_port = WorkersHealth([Address("127.0.0.1", 1)])
     assert not with_a_closed_port.live().ok
+
+
+def run_harness(mode: str) -> str:
+    """The supervisor with stand-in workers (tests/support/workers_harness.py); its output."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.support.workers_harness", mode],
+            capture_output=True,
+            text=True,
+            timeout=HARNESS_TIMEOUT,
+            cwd=Path(__file__).parents[3],
+        )
+    except subprocess.TimeoutExpired as exc:  # the child is killed by run()
+        raise AssertionError(f"the supervisor did not stop: {exc.stdout!r}") from None
+    return done.stdout + done.stderr
+
+
+def test_a_stop_signal_that_comes_while_a_worker_is_restarted_reaches_it():
+    """SIGTERM while a dead worker's replacement starts: the replacement missed it, and the
+    supervisor waited for it until a second signal. It is told once it has started."""
+    out = run_harness("race")  # the replacement may die of the signal before it handles any
+    assert "workers stopped" in out and "2 starts" in out, out
+
+
+def test_occasional_worker_deaths_are_restarted_and_a_crash_loop_stops_the_proxy():
+    """Restarts are limited within a window: deaths spread out are restarted for as long as
+    they come (here 14, past the 10 a lifetime limit allowed), a crash loop stops the proxy."""
+    occasional = run_harness("occasional")
+    assert "keeps dying" not in occasional and "15 starts" in occasional, occasional
+    loop = run_harness("loop")
+    assert "keeps dying" in loop, loop
+
+
+def test_sighup_spares_a_worker_still_starting():
+    """A worker handles signals once trio runs: until it says READY=1, SIGHUP's default action
+    would kill it (and cost a restart). It opens its files anew anyway, so it is not sent one."""
+    out = run_harness("sighup")
+    assert "restarting" not in out and "returncodes=[0]" in out, out
+
+
+class _DiesMidAnswer(socketserver.StreamRequestHandler):
+    """A worker's endpoint killed while answering: fewer bytes than its Content-Length."""
+
+    def handle(self) -> None:
+        self.rfile.readline()
+        body = b"# TYPE x_total counter\nx_total 1.0\n"
+        self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: 10000\r\n\r\n" + body)
+
+
+def test_a_worker_dying_mid_answer_costs_only_its_own_metrics_and_health():
+    """http.client's short read is no OSError: it failed the whole scrape (500), and every
+    healthy worker's samples with it. The others are still served, and the dying one counts
+    as not answering."""
+    registry = CollectorRegistry()
+    Counter("corrfix_good", "a healthy worker's counter", registry=registry).inc(5)
+    good = AdminServer(
+        Address("127.0.0.1", 0), AdminApp(lambda: Verdict(True, {}), lambda: Verdict(True, {}), registry)
+    )
+    dying = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _DiesMidAnswer)
+    threading.Thread(target=dying.serve_forever, daemon=True).start()
+    try:
+        endpoints: list[Slot] = [good.address, Address("127.0.0.1", dying.server_address[1])]
+        summed = CollectorRegistry()
+        summed.register(SummedWorkerMetrics(endpoints))
+        assert summed.get_sample_value("corrfix_good_total") == 5
+        answers = WorkersHealth(endpoints).live().detail["live"]
+        assert [a["status"] for a in answers] == [200, None]
+        assert "IncompleteRead" in answers[1]["error"]
+    finally:
+        good.close()
+        dying.shutdown()
+        dying.server_close()
