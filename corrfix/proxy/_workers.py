@@ -229,10 +229,6 @@ def run_workers(
     command = [sys.executable, "-m", "corrfix", "proxy", *argv, "--workers", "1", "--reuse-port"]
     started = [0.0] * workers  # when each worker was last started
 
-    def start(index: int) -> subprocess.Popen[bytes]:
-        started[index] = time.monotonic()
-        return subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
-
     health = WorkersHealth(endpoints)
     try:
         if metrics is not None:
@@ -274,7 +270,8 @@ def run_workers(
 
     def started_worker(index: int) -> subprocess.Popen[bytes]:
         """Start a worker; one that a stop signal missed while it started is told now."""
-        process = start(index)
+        started[index] = time.monotonic()
+        process = subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # the check and the send, in one step
         try:
             if stop_signal is not None and process.pid not in told:
