@@ -225,7 +225,7 @@ class ConnectionCore:
     def discard_client_input(self) -> bool:
         """After the last answers, end the client's stream and read it until it ends its own,
         rather than close a socket that may hold unread bytes (a RST can destroy answers)."""
-        return not self.client_eof and not self.client_gone and not self._client_tls
+        return not self.client_eof and not self.client_gone
 
     # -- the client side ---------------------------------------------------------------
 

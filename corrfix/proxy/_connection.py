@@ -338,7 +338,7 @@ class ProxyConnection:
         client = self.client
         try:
             await self.to_client.run(client)
-            if core.discard_client_input and isinstance(client, trio.SocketStream):
+            if core.discard_client_input:
                 await self._client_reader_done.wait()
                 await self._discard_client_input(client)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -350,7 +350,7 @@ class ProxyConnection:
         # Everything owed to the client was sent: the connection is done.
         self._relay_scope.cancel()
 
-    async def _discard_client_input(self, client: trio.SocketStream) -> None:
+    async def _discard_client_input(self, client: trio.abc.Stream) -> None:
         """End the client's stream and read until it ends its own, bounded in time and bytes.
 
         The end of stream waits CLOSE_GRACE after the last answers. Closing a socket that
@@ -360,10 +360,10 @@ class ProxyConnection:
         await trio.sleep(CLOSE_GRACE)
         discarded = 0
         try:
-            await client.send_eof()
             with trio.move_on_after(self.config.close_linger):
+                transport, discarded = await _end_stream(client)
                 while discarded <= DISCARD_LIMIT:
-                    data = await client.receive_some(RECEIVE_SIZE)
+                    data = await transport.receive_some(RECEIVE_SIZE)
                     if not data:
                         return
                     discarded += len(data)
@@ -430,3 +430,27 @@ class ProxyConnection:
         else:
             core.drain(trio.current_time())
             self._sync()
+
+
+async def _end_stream(stream: trio.abc.Stream) -> tuple[trio.abc.HalfCloseableStream, int]:
+    """End our side of ``stream`` and return the TCP stream left to read, with the bytes the
+    ending already took from it.
+
+    TCP gets a FIN. TLS cannot half-close, so it gets close_notify first (most clients close
+    on it; one that answers with its own close_notify is done at once), then the FIN under
+    it. Whatever the client sends after that is read raw and dropped: it cannot be answered.
+    """
+    if not isinstance(stream, trio.SSLStream):
+        assert isinstance(stream, trio.abc.HalfCloseableStream)
+        await stream.send_eof()
+        return stream, 0
+    transport = stream.transport_stream
+    taken = 0
+    try:
+        transport, trailing = await stream.unwrap()
+        taken = len(trailing)
+    except trio.BrokenResourceError:
+        pass  # the client sent more after our close_notify, or closed: the rest is read raw
+    assert isinstance(transport, trio.abc.HalfCloseableStream)
+    await transport.send_eof()
+    return transport, taken

@@ -25,6 +25,7 @@ from corrfix.proxy import Proxy, ProxyConfig, TlsConfig, TlsError, tls_config_fr
 from protocol import ApiKey, FrameDecoder, ProtocolError
 from protocol.testing import request_frame
 from tests.support.fake_broker import FakeBroker, answers, read_frames
+from tests.support.polling import wait_until
 from tests.support.relay import FAST_REPAIR
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -221,6 +222,60 @@ async def test_client_half_close_with_a_tls_broker_still_gets_every_answer(certs
             nursery.cancel_scope.cancel()
     assert got == [(i, i) for i in range(5)]
     assert reasons(logs, "connection closed") == ["client closed"]
+
+
+async def drained_tls_client(certs: Certs, *, send_more: bool, reply: bool) -> tuple[list, bytes | None]:
+    """A TLS client whose connection corrfix ends with SIGTERM's drain, an answer still owed.
+
+    ``send_more``: the client sends one more request after corrfix stopped reading, so that
+    request sits unread in corrfix's socket. ``reply``: once it has read everything, the client
+    answers corrfix's close_notify with its own (trio's ``aclose``) before it closes, rather
+    than just close its socket.
+    Returns the connection's close logs and the answer bytes, or None if the client's read
+    failed (a reset, or an end of TCP stream without close_notify).
+    """
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key)
+    got: bytes | None = b""
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            upstream = await nursery.start(broker.serve)
+            listen, broker_address = Address(LOOPBACK, 0), Address(LOOPBACK, upstream)
+            proxy = Proxy(ProxyConfig(listen, broker_address, repair=FAST_REPAIR, tls=tls, close_linger=30))
+            port = (await nursery.start(proxy.serve))[0].port
+            with trio.fail_after(10):
+                stream = await open_tls(port, client_context(certs))
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 7, 70))
+                await wait_until(lambda: broker.requests)
+                proxy.drain(timeout=30)
+                if send_more:
+                    await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 8, 80))
+                try:
+                    while data := await stream.receive_some(65536):  # ends at corrfix's close_notify
+                        got += data
+                except trio.BrokenResourceError:
+                    got = None
+                if reply:
+                    await stream.aclose()
+                else:  # as kafka-python does: the socket closed, no close_notify
+                    await trio.aclose_forcefully(stream)
+                # corrfix closes once the client ends, long before the 30 s linger is out.
+                await wait_until(lambda: events(logs, "connection closed"))
+            nursery.cancel_scope.cancel()
+    kept_sending = events(logs, "client kept sending after the proxy's end of stream")
+    return events(logs, "connection closed") + kept_sending, got
+
+
+@pytest.mark.parametrize(("send_more", "reply"), [(True, False), (True, True), (False, True)])
+async def test_a_drained_tls_client_gets_its_answer_then_close_notify(certs, send_more, reply):
+    """TLS cannot half-close, so corrfix ends a TLS client's stream with close_notify and its TCP
+    end of stream, then drops what the client still sends until it closes: closing the socket
+    with those bytes unread would reset the connection and could destroy the answer."""
+    closes, got = await drained_tls_client(certs, send_more=send_more, reply=reply)
+    assert got is not None, "the client saw a reset or a TCP end without close_notify"
+    assert answers(FrameDecoder().feed(got)) == [(7, 70)]
+    assert [entry["event"] for entry in closes] == ["connection closed"]
+    assert closes[0]["reason"] == "proxy draining"
 
 
 class PeerNames:
