@@ -227,7 +227,11 @@ async def connect_upstream(
     stream: trio.SocketStream, config: TlsConfig | None, host: str, timeout: float, log: Any
 ) -> trio.abc.Stream | None:
     """``stream`` itself for a plaintext broker, else the TLS stream once the handshake with
-    ``host`` is done within ``timeout``; None (logged, ``stream`` closed) if it is not."""
+    ``host`` is done within ``timeout``; None (logged, ``stream`` closed) if it is not.
+
+    Cancelled mid-handshake (the proxy stopping), it closes ``stream`` too: the caller gets
+    no stream back to close, and a socket left to the garbage collector is a leak warning.
+    """
     context = None if config is None else contexts(config).upstream
     if context is None:
         return stream
@@ -248,6 +252,9 @@ async def connect_upstream(
                 )
             elif "WRONG_VERSION_NUMBER" in reason or "record layer failure" in reason:
                 reason += ": a plaintext listener? (drop --upstream-tls)"
+        except BaseException:  # Cancelled; after the timeout the close below finds it closed
+            stream.socket.close()
+            raise
     if scope.cancelled_caught:
         reason = f"no TLS handshake answer within {timeout:g}s: a plaintext listener? (drop --upstream-tls)"
     log.error("TLS handshake with upstream failed", server_hostname=server_hostname, reason=reason)

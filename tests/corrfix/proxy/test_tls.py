@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
 from structlog.testing import capture_logs
 
@@ -22,6 +23,7 @@ from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.core import Address
 from corrfix.lab import workload as clients
 from corrfix.proxy import Proxy, ProxyConfig, TlsConfig, TlsError, tls_config_from_args
+from corrfix.proxy._tls import connect_upstream
 from protocol import ApiKey, FrameDecoder, ProtocolError
 from protocol.testing import request_frame
 from tests.support.fake_broker import FakeBroker, answers, read_frames
@@ -475,6 +477,32 @@ async def test_plaintext_broker_behind_upstream_tls_is_named(certs):
     assert failed[0].startswith("the broker closed the connection during the TLS handshake")
     assert failed[1].startswith(f"no TLS handshake answer within {HANDSHAKE_TIMEOUT:g}s")
     assert all("plaintext listener? (drop --upstream-tls)" in reason for reason in failed)
+
+
+async def test_a_cancelled_upstream_handshake_closes_the_broker_socket(certs):
+    """The proxy stopping while a broker has not answered the ClientHello: the socket is
+    closed then, not left to the garbage collector."""
+    hello_sent = trio.Event()
+
+    async def silent_broker(stream: trio.SocketStream) -> None:
+        await stream.receive_some(1)
+        hello_sent.set()
+        await trio.sleep_forever()
+
+    async def stop_once_the_hello_is_sent() -> None:
+        await hello_sent.wait()
+        handshake.cancel()
+
+    tls = TlsConfig(upstream_tls=True, upstream_cafile=certs.ca)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent_broker, 0, host=LOOPBACK))
+        stream = await trio.open_tcp_stream(LOOPBACK, listeners[0].socket.getsockname()[1])
+        with trio.CancelScope() as handshake:
+            nursery.start_soon(stop_once_the_hello_is_sent)
+            await connect_upstream(stream, tls, LOOPBACK, 60, structlog.get_logger())
+        assert handshake.cancelled_caught
+        assert stream.socket.fileno() == -1
+        nursery.cancel_scope.cancel()
 
 
 async def test_tls_broker_without_upstream_tls_is_named(certs):
