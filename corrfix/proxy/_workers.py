@@ -5,7 +5,8 @@ them; nothing else about the proxy changes. This supervisor starts the workers, 
 SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker that dies
 on its own (at most ``MAX_RESTARTS`` within ``RESTART_WINDOW``: a worker crashing in a loop
 stops the proxy), and serves one ``/metrics`` that sums every worker's samples (counters, gauges
-and histogram buckets all add up across processes; ``_created`` times take the earliest).
+and histogram buckets all add up across processes; ``_created`` times take the earliest;
+counters keep what a worker counted before it restarted, so they never go down).
 Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
 Each worker serves one endpoint of its own, on a loopback port the kernel picks, and says
 which along with its READY=1 (a port chosen for it beforehand could be taken by the time it
@@ -25,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -83,21 +85,60 @@ def overdue(started: Sequence[float], ready: Sequence[bool], now: float, timeout
     return [index for index, (at, said) in enumerate(late) if not said and now - at > timeout]
 
 
+_SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]
+"""A sample's family, name and labels: what is summed across workers."""
+_COUNTING = frozenset({"counter", "histogram", "summary"})
+"""Families whose samples only ever grow within a process (``_created`` aside, a time)."""
+
+
+def _combine(sums: dict[_SampleKey, float], key: _SampleKey, value: float) -> None:
+    if key[1].endswith(CREATED_SUFFIX):  # a time: the earliest, not a sum
+        sums[key] = min(sums.get(key, value), value)
+    else:
+        sums[key] = sums.get(key, 0.0) + value
+
+
 class SummedWorkerMetrics(Collector):
     """Scrapes each worker's own endpoint and sums samples with the same name and labels.
 
-    ``endpoints`` is the supervisor's own list, read at each scrape.
+    ``endpoints`` is the supervisor's own list, read at each scrape. Prometheus takes any
+    decrease of a counter for a reset and counts the whole sum again in ``rate()`` and
+    ``increase()``, so summed counters never go down: a worker that does not answer counts
+    with what it said last, and what a worker counted before it exited or restarted stays in
+    the sum. Gauges are those of the workers that answered.
     """
 
     def __init__(self, endpoints: Sequence[Slot]) -> None:
         self.endpoints = endpoints
+        # One scrape at a time: two at once could fold a worker's counts into _retired twice.
+        self._lock = threading.Lock()
+        self._families: dict[str, tuple[str, str, str]] = {}  # name: documentation, type, unit
+        self._counted: dict[Address, dict[_SampleKey, float]] = {}  # per worker, as last scraped
+        self._retired: dict[_SampleKey, float] = {}  # counted by workers since gone or restarted
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        sums: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
-        for endpoint in list(self.endpoints):
-            if not isinstance(endpoint, Address):
-                continue  # a worker starting (its counters come with it) or gone
+        with self._lock:
+            sums = self._scrape()
+            for counted in [self._retired, *self._counted.values()]:
+                for key, value in counted.items():
+                    _combine(sums, key, value)
+            families = dict(self._families)
+        merged: dict[str, Metric] = {}
+        for (family_name, sample_name, labels), value in sums.items():
+            metric = merged.get(family_name)
+            if metric is None:
+                metric = merged[family_name] = Metric(family_name, *families[family_name])
+            metric.add_sample(sample_name, dict(labels), value)
+        yield from merged.values()
+
+    def _scrape(self) -> dict[_SampleKey, float]:
+        """Scrape every worker; returns the gauges' sums and keeps each worker's counters."""
+        serving = [endpoint for endpoint in list(self.endpoints) if isinstance(endpoint, Address)]
+        for gone in self._counted.keys() - set(serving):  # exited, or restarted elsewhere
+            for key, value in self._counted.pop(gone).items():
+                _combine(self._retired, key, value)
+        gauges: dict[_SampleKey, float] = {}
+        for endpoint in serving:
             try:
                 url = f"http://{endpoint}/metrics"
                 with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
@@ -105,22 +146,21 @@ class SummedWorkerMetrics(Collector):
                 parsed = list(text_string_to_metric_families(text))
             except (OSError, http.client.HTTPException, ValueError):
                 # A worker restarting, or killed while it answered (a short read): its counters
-                # return with it, and the other workers' are still served.
+                # stay as it said last, and the other workers' are still served.
                 continue
+            counted = self._counted.setdefault(endpoint, {})
             for family in parsed:
-                families.setdefault(family.name, family)
+                self._families.setdefault(family.name, (family.documentation, family.type, family.unit))
                 for sample in family.samples:
                     key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
-                    if sample.name.endswith(CREATED_SUFFIX):  # a time: the earliest, not a sum
-                        sums[key] = min(sums.get(key, sample.value), sample.value)
-                    else:
-                        sums[key] = sums.get(key, 0.0) + sample.value
-        for name, family in families.items():
-            merged = Metric(name, family.documentation, family.type, family.unit)
-            for (family_name, sample_name, labels), value in sums.items():
-                if family_name == name:
-                    merged.add_sample(sample_name, dict(labels), value)
-            yield merged
+                    if family.type not in _COUNTING:
+                        _combine(gauges, key, sample.value)
+                        continue
+                    last = counted.get(key)
+                    if last is not None and sample.value < last:  # a new worker on the same port
+                        _combine(self._retired, key, last)
+                    counted[key] = sample.value
+        return gauges
 
 
 class WorkersHealth:

@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from corrfix.core import Address
 from corrfix.proxy._admin import AdminApp, AdminServer
@@ -170,3 +170,46 @@ def test_a_worker_dying_mid_answer_costs_only_its_own_metrics_and_health():
         good.close()
         dying.shutdown()
         dying.server_close()
+
+
+def worker_metrics(opened: int, active: int, port: int = 0) -> AdminServer:
+    """A worker's own endpoint with a counter and a gauge."""
+    registry = CollectorRegistry()
+    Counter("corrfix_connections_opened", "Client connections accepted", registry=registry).inc(opened)
+    Gauge("corrfix_connections_active", "Client connections open", registry=registry).set(active)
+    return AdminServer(
+        Address("127.0.0.1", port), AdminApp(lambda: Verdict(True, {}), lambda: Verdict(True, {}), registry)
+    )
+
+
+def test_summed_counters_never_go_down_when_a_worker_misses_a_scrape_or_restarts():
+    """Prometheus takes a counter that went down for one reset to zero: increase() counted the
+    whole sum again when a worker did not answer a scrape, or restarted from zero. The sum
+    keeps what such a worker counted; gauges are only the answering workers' own."""
+    first, second = worker_metrics(opened=5, active=2), worker_metrics(opened=3, active=1)
+    restarted = None
+    endpoints: list[Slot] = [first.address, second.address]
+    summed = CollectorRegistry()
+    summed.register(SummedWorkerMetrics(endpoints))
+
+    def scrape() -> tuple[float | None, float | None]:
+        return summed.get_sample_value("corrfix_connections_opened_total"), summed.get_sample_value(
+            "corrfix_connections_active"
+        )
+
+    try:
+        assert scrape() == (8, 3)
+        second.close()  # dead, or too busy to answer in time
+        assert scrape() == (8, 2)
+        endpoints[1] = "starting"
+        assert scrape() == (8, 2)
+        restarted = worker_metrics(opened=1, active=1)
+        endpoints[1] = restarted.address
+        assert scrape() == (9, 3)
+        first.close()  # its replacement takes the same port before the next scrape
+        first = worker_metrics(opened=2, active=0, port=first.address.port)
+        assert scrape() == (11, 1)
+    finally:
+        first.close()
+        if restarted is not None:
+            restarted.close()
