@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Protocol
 
 from protocol import api_name
 
@@ -82,6 +82,18 @@ class Answered:
     client_correlation_id: int
     upstream_correlation_id: int
     seconds: float
+
+
+class FlowCounter(Protocol):
+    """Where a machine counts its requests and answers itself, when a shell wants the counts
+    but no sink needs a :class:`Forwarded` or :class:`Answered` per request (metrics without
+    capture): a count in a dict costs less than an event and a sink's loop over it."""
+
+    requests: dict[int, int]
+    """Client requests sent upstream, by api key (acks=0 Produce included)."""
+
+    def answer(self, api_key: int, seconds: float) -> None:
+        """A client request answered, ``seconds`` from its first send (as :class:`Answered`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from corrfix.core._events import Answered, Event, Forwarded, Repaired, RepairKind
+from corrfix.core._events import Answered, Event, FlowCounter, Forwarded, Repaired, RepairKind
 from corrfix.core._latency import RetransmitTimer
 from protocol import (
     CORRELATION_ID,
@@ -225,6 +225,7 @@ class RepairMachine:
         "_transform",
         "closed",
         "config",
+        "counter",
     )
 
     def __init__(
@@ -242,6 +243,9 @@ class RepairMachine:
         # upstream one (capture, request counts); Answered carries a latency (metrics only).
         self._flow_events = flow_events
         self._answer_events = flow_events if answer_events is None else answer_events
+        # Without those events, the shell may have the counts kept here instead: it sets
+        # this before each call that can count, to the counts of the thread making the call.
+        self.counter: FlowCounter | None = None
         self._transform = transform
         self._local_answer = local_answer
         self._next_upstream_id = 0
@@ -322,6 +326,7 @@ class RepairMachine:
         sasl_v0 = self._sasl_v0
         sent, send_order, client_order = self._sent, self._send_order, self._client_order
         local_answer, flow_events = self._local_answer, self._flow_events
+        counts = None if flow_events or self.counter is None else self.counter.requests
         read_fields = self._headers.fields
         for frame in frames:
             if sasl_v0.active and sasl_v0.request_is_token():
@@ -358,6 +363,8 @@ class RepairMachine:
                 client_order.append(request)
             if flow_events:
                 actions.events.append(Forwarded(client_cid, upstream_id, api_key, api_version))
+            elif counts is not None:
+                counts[api_key] = counts.get(api_key, 0) + 1
             to_upstream.append(frame)
         if client_order and client_order[0].response is not None:
             self._deliver_ready(actions)
@@ -374,6 +381,7 @@ class RepairMachine:
         sent, order, client_order = self._sent, self._send_order, self._client_order
         to_client, transform = actions.to_client, self._transform
         answer_events = actions.events if self._answer_events else None
+        counter = None if answer_events is not None else self.counter
         plain = self._plain_answers()
         for frame in frames:
             if self.closed is not None:
@@ -398,6 +406,8 @@ class RepairMachine:
                                 api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent
                             )
                         )
+                    elif counter is not None:
+                        counter.answer(api_key, now - entry.first_sent)
                     if transform is not None:
                         rewritten = transform(api_key, entry.api_version, frame)
                         if rewritten is not frame:
@@ -615,6 +625,8 @@ class RepairMachine:
             actions.events.append(
                 Answered(api_key, entry.client_correlation_id, upstream_id, now - entry.first_sent)
             )
+        elif self.counter is not None:
+            self.counter.answer(api_key, now - entry.first_sent)
         if self._transform is not None:
             rewritten = self._transform(api_key, entry.api_version, frame)
             if rewritten is not frame:

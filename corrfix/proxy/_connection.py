@@ -109,8 +109,10 @@ class ProxyConnection:
             config.repair,
             transform=router.transform if router else None,
             local_answer=router.local_answer if router else None,
-            flow_events=metrics is not None or observer is not None,
-            answer_events=metrics is not None,  # a latency per answer: capture times its own rows
+            # Capture reads a Forwarded per request; metrics alone count in the machine (the sinks
+            # say where), which costs less than an event per request and answer.
+            flow_events=observer is not None,
+            answer_events=observer is not None and metrics is not None,  # capture times its own rows
         )
         self.core: ConnectionCore | None = None  # once both sides are connected
         self._relayed: Relayed | None = None  # in the engine
@@ -121,7 +123,7 @@ class ProxyConnection:
         peer = peer_name(client)
         self.log = log.bind(connection=conn_id, client=peer)
         self._client_peer = peer
-        self.sinks = ConnectionSinks(conn_id, self.log, stats, self.upstream, metrics, observer)
+        self.sinks = ConnectionSinks(conn_id, self.log, stats, self.upstream, metrics, observer, self.machine)
 
     @property
     def repairs(self) -> Counter[str]:

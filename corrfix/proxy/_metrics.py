@@ -2,9 +2,12 @@
 
 The connection core's events say what happened (``Forwarded``, ``Answered``, ``Repaired``);
 the shell counts them here, with connections and bytes, so the core stays free of
-prometheus. What is counted per request and per receive (requests and answers by api, the
-latency histogram, bytes) goes into plain integers of the counting thread's own
-:class:`MetricTally`, which the registry reads and sums at scrape time: prometheus-client's
+prometheus. Without capture, which needs those events anyway, the machine adds each request
+and answer to a :class:`MetricTally` itself (it is a :class:`~corrfix.core.FlowCounter`):
+cheaper than an event and a sink's loop over it. What is counted per request and per
+receive (requests and answers by api, the latency histogram, bytes) goes into plain
+integers of the counting thread's own :class:`MetricTally`, which the registry reads and
+sums at scrape time: prometheus-client's
 own counters take a lock per increment (0.6 µs) and its histogram walks its buckets in
 Python (2 µs per answer), which doubled the relay's CPU per request with ``--metrics``
 (bench/README.md). Each tally is written by one thread only, so no count is lost, and

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from structlog.typing import FilteringBoundLogger
 
-from corrfix.core import Address, Answered, Event, Forwarded, Notice, Repaired, RepairKind
+from corrfix.core import Address, Answered, Event, Forwarded, Notice, Repaired, RepairKind, RepairMachine
 from corrfix.proxy._metrics import ProxyMetrics
 from corrfix.proxy._observer import ConnectionObserver
 
@@ -47,7 +47,17 @@ class ProxyStats:
 class ConnectionSinks:
     """One connection's metrics, log lines, observer calls and repair counts."""
 
-    __slots__ = ("_upstream_marked", "conn_id", "log", "metrics", "observer", "repairs", "stats", "upstream")
+    __slots__ = (
+        "_machine",
+        "_upstream_marked",
+        "conn_id",
+        "log",
+        "metrics",
+        "observer",
+        "repairs",
+        "stats",
+        "upstream",
+    )
 
     def __init__(
         self,
@@ -57,6 +67,7 @@ class ConnectionSinks:
         upstream: Address,
         metrics: ProxyMetrics | None,
         observer: ConnectionObserver | None,
+        machine: RepairMachine | None = None,
     ) -> None:
         self.conn_id = conn_id
         self.log = log
@@ -66,14 +77,26 @@ class ConnectionSinks:
         self.observer = observer
         self.repairs: Counter[str] = Counter()
         self._upstream_marked = False
+        # The connection's machine, which counts its requests and answers into the tally of
+        # the thread that feeds it (when no sink needs those as events).
+        self._machine = machine
 
     def received_from_client(self, size: int) -> None:
+        """Bytes the shell is about to hand the core, in the thread that will: the requests
+        among them are counted into this thread's tally."""
         if self.metrics is not None:
-            self.metrics.tally().client_request_bytes += size
+            tally = self.metrics.tally()
+            tally.client_request_bytes += size
+            if self._machine is not None:
+                self._machine.counter = tally
 
     def received_from_upstream(self, size: int) -> None:
+        """As :meth:`received_from_client`, for the broker's answers."""
         if self.metrics is not None:
-            self.metrics.tally().upstream_response_bytes += size
+            tally = self.metrics.tally()
+            tally.upstream_response_bytes += size
+            if self._machine is not None:
+                self._machine.counter = tally
 
     def output(self, to_upstream: list[bytearray], to_client: list[bytearray], events: list[Event]) -> None:
         """One batch the core handed over (its frames are sent by the caller)."""

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corrfix.core import RepairConfig, RepairKind, RepairMachine
+from corrfix.core import Answered, Forwarded, RepairConfig, RepairKind, RepairMachine
 from protocol import ApiKey, parse_request_header, produce_acks
 from protocol.testing import request_frame, response_frame
 
@@ -21,6 +21,17 @@ NORMAL, LOSE, DUPLICATE, DELAY, STRAY = "normal", "lose", "duplicate", "delay", 
 
 def token_of_request(frame: bytes) -> int:
     return int.from_bytes(frame[-8:], "big")
+
+
+class FlowCounts:
+    """A :class:`~corrfix.core.FlowCounter` that keeps every answer's latency in order."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}
+        self.answers: list[tuple[int, float]] = []
+
+    def answer(self, api_key: int, seconds: float) -> None:
+        self.answers.append((api_key, seconds))
 
 
 @dataclass
@@ -55,6 +66,8 @@ class Harness:
     answer events the machine delivers in-order answers inline, without _on_response."""
     transform: str = "none"
     """The answer transform: none, one that returns the frame, or a copy (bytearray, bytes)."""
+    count_inline: bool = False
+    """The machine counts requests and answers into ``counts`` (metrics without capture)."""
 
     def __post_init__(self) -> None:
         self.machine = RepairMachine(
@@ -71,6 +84,9 @@ class Harness:
         self.events: list[RepairKind] = []
         self.closed: str | None = None
         self.upstream_sends = 0
+        self.counts = FlowCounts()  # kept by the machine with count_inline, else from its events
+        if self.count_inline:
+            self.machine.counter = self.counts
 
     def _apply(self, actions) -> None:
         for frame in actions.to_upstream:
@@ -80,6 +96,11 @@ class Harness:
             cid = int.from_bytes(frame[4:8], "big", signed=True)
             self.delivered.append((cid, int.from_bytes(frame[8:16], "big")))
         self.events.extend(event.kind for event in actions.repairs)
+        for event in actions.events:
+            if type(event) is Forwarded:
+                self.counts.requests[event.api_key] = self.counts.requests.get(event.api_key, 0) + 1
+            elif type(event) is Answered:
+                self.counts.answers.append((event.api_key, event.seconds))
         if actions.close is not None:
             assert self.closed is None, "closed twice"
             self.closed = actions.close

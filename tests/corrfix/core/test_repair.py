@@ -114,6 +114,52 @@ def test_a_few_faults_are_always_repaired(requests, script, proxy, data):
     assert harness.delivered == harness.expected_answers()
 
 
+class Recorded:
+    """Hypothesis's draws, kept so that a second run can make the same choices."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+        self.values: list[object] = []
+
+    def draw(self, strategy: st.SearchStrategy) -> object:
+        value = self.data.draw(strategy)
+        self.values.append(value)
+        return value
+
+
+class Replayed:
+    def __init__(self, values: list[object]) -> None:
+        self.values = iter(values)
+
+    def draw(self, strategy: st.SearchStrategy) -> object:
+        return next(self.values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=client_requests, script=fates, transform=st.sampled_from(TRANSFORMS), data=st.data())
+def test_counts_kept_by_the_machine_are_those_its_events_would_give(requests, script, transform, data):
+    """Metrics without capture have the machine count requests and answers itself, instead of
+    making a Forwarded and an Answered for each: the same traffic, lost answers, re-sends,
+    probes and acks=0 replies included, gives the same counts and latencies both ways."""
+    events_on = {"flow_events": True, "answer_events": True}
+    with_events = Harness(CONFIG, fates=deque(script), transform=transform, **events_on)
+    recorded = Recorded(data)
+    run_interleaved(with_events, requests, recorded)  # type: ignore[arg-type]
+    counting = Harness(
+        CONFIG,
+        fates=deque(script),
+        flow_events=False,
+        answer_events=False,
+        transform=transform,
+        count_inline=True,
+    )
+    run_interleaved(counting, requests, Replayed(recorded.values))  # type: ignore[arg-type]
+    assert counting.delivered == with_events.delivered
+    assert counting.counts.requests == with_events.counts.requests
+    assert counting.counts.answers == with_events.counts.answers
+    assert sum(counting.counts.requests.values()) == len(counting.sent)  # each request, once
+
+
 def test_ids_are_owned_upstream_and_restored_for_the_client():
     machine = RepairMachine(CONFIG)
     actions = machine.client_frames(

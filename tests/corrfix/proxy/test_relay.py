@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 import trio
@@ -11,7 +13,7 @@ import trio.testing
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from corrfix.core import Address, RepairConfig
+from corrfix.core import Address, Event, RepairConfig
 from corrfix.proxy import Proxy, ProxyConfig, ProxyMetrics
 from corrfix.proxy._server import ACCEPT_RETRY
 from protocol import ApiKey, FrameDecoder
@@ -167,8 +169,30 @@ async def test_answers_before_a_bad_frame_from_the_broker_reach_the_client_befor
     assert got == [(5, 5)]
 
 
-async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
+class SeenEvents:
+    """An observer (as capture is one) that keeps the kinds of event it was handed."""
+
+    snaplen = 0
+
+    def __init__(self) -> None:
+        self.kinds: Counter[str] = Counter()
+
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        pass
+
+    def events(self, connection: str, events: Sequence[Event]) -> None:
+        self.kinds.update(type(event).__name__ for event in events)
+
+    def connection_closed(self, connection: str, reason: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["metrics", "metrics-and-capture"])
+async def test_metrics_count_requests_answers_repairs_and_bytes(engine, observed):
+    """Alone, metrics are counted by the machine itself; beside an observer (capture), from
+    the Forwarded and Answered events it reads. The counts are the same either way."""
     metrics = ProxyMetrics()
+    observer = SeenEvents() if observed else None
     broker = FakeBroker(lambda index, api_key: "lose" if index == 1 and api_key != 18 else "answer")
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
@@ -177,6 +201,7 @@ async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
                 Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), repair=FAST_REPAIR, engine=engine
             ),
             metrics=metrics,
+            observer=observer,
         )
         port = (await nursery.start(proxy.serve))[0].port
         with trio.fail_after(10):
@@ -192,6 +217,8 @@ async def test_metrics_count_requests_answers_repairs_and_bytes(engine):
     assert 'corrfix_request_latency_seconds_count{api="ListOffsets"} 3.0' in text
     assert "corrfix_connections_active 1.0" in text
     assert 'corrfix_bytes_total{direction="request",side="client"}' in text
+    if observer is not None:  # the events the counts then come from
+        assert observer.kinds["Forwarded"] == 3 and observer.kinds["Answered"] == 3
 
 
 async def start_watched_proxy(
