@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from corrfix.core import Address, BrokerPorts, ConnectionConfig, RepairConfig
-from corrfix.proxy._tls import TlsConfig
+from corrfix.proxy._tls import TLS_RELOAD_INTERVAL, TlsConfig
 from protocol import DEFAULT_MAX_FRAME_SIZE
 
 
@@ -39,6 +39,8 @@ class ProxyConfig:
     """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
     tls: TlsConfig | None = None
     """TLS with clients and/or brokers (None: plaintext both ways)."""
+    tls_reload_interval: float = TLS_RELOAD_INTERVAL
+    """How often the TLS files are looked at for a rotation (0: only at SIGHUP)."""
     engine: bool = True
     """Relay plaintext connections in the process's relay engine (one epoll set, one task);
     off: every connection gets tasks of its own, as TLS connections always do."""

@@ -19,7 +19,7 @@ from corrfix.proxy._connection import ProxyConnection, ProxyStats
 from corrfix.proxy._metrics import ProxyMetrics
 from corrfix.proxy._observer import ConnectionObserver, SerializedObserver
 from corrfix.proxy._streams import peer_name
-from corrfix.proxy._tls import contexts
+from corrfix.proxy._tls import TlsContextStore, tls_store
 
 LISTEN_BACKLOG = 1024
 ACCEPT_RETRY = 0.1
@@ -51,8 +51,8 @@ class Proxy:
         self.observer = None if observer is None else SerializedObserver(observer)
         self.metrics = metrics
         self.stats = ProxyStats()
-        if config.tls is not None:
-            contexts(config.tls)  # a missing or bad TLS file stops the proxy here, not per connection
+        # A missing or bad TLS file stops the proxy here, not per connection.
+        self._tls = None if config.tls is None else tls_store(config.tls)
         self._live: set[ProxyConnection] = set()
         self._in_engine: set[ProxyConnection] = set()  # relayed by the engine, with no task of their own
         self._live_changed = trio.lowlevel.ParkingLot()
@@ -97,8 +97,21 @@ class Proxy:
                     connections.start_soon(self._close_engine_connections_at_the_end)
                     for listener in listeners:
                         nursery.start_soon(self._accept, listener, self._handle)
+                    if self._tls is not None and self.config.tls_reload_interval > 0:
+                        nursery.start_soon(self._watch_tls, self._tls)
                     task_status.started(bound)
         log.info("proxy drained" if self._listening.cancel_called else "proxy stopped serving")
+
+    async def _watch_tls(self, store: TlsContextStore) -> None:
+        """Take up rotated certificates, keys and CAs without a restart (for new connections)."""
+        while True:
+            await trio.sleep(self.config.tls_reload_interval)
+            store.check(log)
+
+    def reload_tls(self) -> bool:
+        """Build the TLS contexts from their files now (SIGHUP); False if there is no TLS, or
+        the files could not be loaded (the contexts in use then stay)."""
+        return self._tls is not None and self._tls.reload(log)
 
     def drain(self, timeout: float) -> None:
         """Stop accepting; let each connection finish what it owes, for at most ``timeout``."""

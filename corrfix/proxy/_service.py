@@ -8,7 +8,8 @@
 * ``READY=1`` to the service manager once the listeners are up;
 * :meth:`drain` (SIGTERM): ``/readyz`` turns 503 and ``STOPPING=1`` is sent *before* the
   proxy stops accepting, so that load balancers stop sending new connections first;
-* :meth:`reload` (SIGHUP): re-open the log file and start new capture files.
+* :meth:`reload` (SIGHUP): re-open the log file, start new capture files and load the
+  TLS files anew.
 """
 
 from __future__ import annotations
@@ -135,11 +136,12 @@ class ProxyService:
         self.proxy.drain(timeout)
 
     def reload(self) -> None:
-        """Re-open the log file and start new capture files (SIGHUP)."""
+        """Re-open the log file, start new capture files and load the TLS files anew (SIGHUP)."""
         notify(reloading())
         if self.reopen is not None:
             self.reopen()
         log.info("reopened log and capture files")
+        self.proxy.reload_tls()
         notify(self._ready_message())
 
     def _ready_message(self) -> str:

@@ -6,7 +6,10 @@ to the broker, verifying it against ``--upstream-ca`` (or the system's CAs), wit
 optionally a client certificate of its own. The repair machine always sees plaintext.
 
 Contexts are built once per configuration, when the proxy starts, so a missing file or a
-bad key stops it at once instead of failing every connection. A peer speaking the other
+bad key stops it at once instead of failing every connection. They are built again when the
+files change (a certificate rotated by cert-manager or an ACME client) and at SIGHUP; a new
+set that cannot be loaded is logged and the one in use stays, so a bad rotation never takes
+TLS down. Connections already open keep the session they have. A peer speaking the other
 protocol is named in the log: a ClientHello on a plaintext listener, plaintext on a TLS
 listener, a plaintext broker behind ``--upstream-tls`` and a TLS broker without it.
 
@@ -18,7 +21,7 @@ connection is closed once every outstanding request is answered instead.
 from __future__ import annotations
 
 import argparse
-import functools
+import os
 import re
 import socket
 import ssl
@@ -32,6 +35,8 @@ from corrfix.core._tls_hints import HANDSHAKE_RECORD
 
 """First byte of every TLS ClientHello (record type handshake); a Kafka frame starts with a size."""
 _SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+TLS_RELOAD_INTERVAL = 10.0
+"""How often the proxy looks at its certificate, key and CA files for a rotation."""
 
 
 class TlsError(ValueError):
@@ -133,10 +138,94 @@ class TlsContexts(NamedTuple):
     upstream: ssl.SSLContext | None
 
 
-@functools.lru_cache(maxsize=16)
+_FileState = tuple[int, int, int, int] | None
+"""A file's device, inode, size and modification time (None: it cannot be read now)."""
+
+
+def _file_state(path: Path) -> _FileState:
+    try:
+        st = os.stat(path)  # through symlinks: Kubernetes swaps the link to a secret's new files
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TlsContextStore:
+    """One configuration's contexts, shared by every connection, and their files' state.
+
+    :meth:`check` is called every ``TLS_RELOAD_INTERVAL``: once the files have changed and
+    then held still for one interval (a certificate and its key are rarely replaced in one
+    step), the contexts are built again. :meth:`reload` does it at once (SIGHUP).
+    """
+
+    def __init__(self, config: TlsConfig) -> None:
+        self.config = config
+        self.paths = tuple(
+            path
+            for path in (
+                config.certfile,
+                config.keyfile,
+                config.client_ca,
+                config.upstream_cafile,
+                config.upstream_certfile,
+                config.upstream_keyfile,
+            )
+            if path is not None
+        )
+        self._loaded = self._state()
+        self._changed_to: tuple[_FileState, ...] | None = None  # seen at the last check
+        self.current = self._build()  # raises TlsError: a bad file stops the proxy at start
+        self.reloads = 0
+
+    def _state(self) -> tuple[_FileState, ...]:
+        return tuple(_file_state(path) for path in self.paths)
+
+    def _build(self) -> TlsContexts:
+        return TlsContexts(listener_context(self.config), upstream_context(self.config))
+
+    def check(self, log: Any) -> bool:
+        """Reload if the files changed and have held still since the last check; True if
+        new contexts are in use."""
+        state = self._state()
+        if state == self._loaded:
+            self._changed_to = None
+            return False
+        if state != self._changed_to:  # still changing, or just changed: look again next time
+            self._changed_to = state
+            return False
+        return self.reload(log, reason="files changed")
+
+    def reload(self, log: Any, reason: str = "SIGHUP") -> bool:
+        """Build the contexts from the files now; if that fails, keep those in use."""
+        state = self._state()
+        self._loaded, self._changed_to = state, None  # a failed set is not retried until it changes
+        try:
+            fresh = self._build()
+        except TlsError as exc:
+            log.error(
+                "TLS files not reloaded: the ones loaded before stay in use", reason=reason, error=str(exc)
+            )
+            return False
+        self.current = fresh
+        self.reloads += 1
+        log.info("TLS files reloaded", reason=reason, files=[str(path) for path in self.paths])
+        return True
+
+
+_stores: dict[TlsConfig, TlsContextStore] = {}
+
+
+def tls_store(config: TlsConfig) -> TlsContextStore:
+    """The store of this configuration's contexts, made (and every file read) on first use."""
+    store = _stores.get(config)
+    if store is None:
+        store = _stores[config] = TlsContextStore(config)
+    return store
+
+
 def contexts(config: TlsConfig) -> TlsContexts:
-    """Both contexts, built once per configuration and shared by every connection."""
-    return TlsContexts(listener_context(config), upstream_context(config))
+    """Both contexts in use for this configuration, shared by every connection."""
+    return tls_store(config).current
 
 
 def _check_file(path: Path | str, option: str) -> None:

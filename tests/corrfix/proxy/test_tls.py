@@ -11,7 +11,7 @@ import shutil
 import ssl
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,9 @@ from structlog.testing import capture_logs
 from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.core import Address
 from corrfix.lab import workload as clients
-from corrfix.proxy import Proxy, ProxyConfig, TlsConfig, TlsError, tls_config_from_args
-from corrfix.proxy._tls import connect_upstream
+from corrfix.proxy import Proxy, ProxyConfig, ProxyService, TlsConfig, TlsError, tls_config_from_args
+from corrfix.proxy._health import Liveness
+from corrfix.proxy._tls import TlsContextStore, connect_upstream, tls_store
 from protocol import ApiKey, FrameDecoder, ProtocolError
 from protocol.testing import request_frame
 from tests.support.fake_broker import FakeBroker, answers, read_frames
@@ -47,6 +48,8 @@ class Certs:
     client_cert: Path
     client_key: Path
     other_ca: Path  # a CA that signed nothing here
+    next_server_cert: Path  # the server's next certificate, as a rotation brings it
+    next_server_key: Path
 
 
 def _openssl(*args: str | Path) -> None:
@@ -89,7 +92,10 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     )
     client = _make_leaf(directory, "client", ca, "extendedKeyUsage=clientAuth")
     other_ca, _ = _make_ca(directory, "other-ca")
-    return Certs(ca[0], *server, *client, other_ca)
+    next_server = _make_leaf(
+        directory, "server-next", ca, "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost"
+    )
+    return Certs(ca[0], *server, *client, other_ca, *next_server)
 
 
 def server_context(certs: Certs, *, require_client_cert: bool = False) -> ssl.SSLContext:
@@ -278,6 +284,107 @@ async def test_a_drained_tls_client_gets_its_answer_then_close_notify(certs, sen
     assert answers(FrameDecoder().feed(got)) == [(7, 70)]
     assert [entry["event"] for entry in closes] == ["connection closed"]
     assert closes[0]["reason"] == "proxy draining"
+
+
+# -- rotated certificates --------------------------------------------------------------------
+
+
+def install(cert: Path, key: Path, directory: Path) -> None:
+    """Put a certificate and its key where the proxy reads them, as a rotation does: each file
+    written anew (a new inode), the key last."""
+    for source, name in ((cert, "tls.crt"), (key, "tls.key")):
+        fresh = directory / f".{name}.new"
+        shutil.copyfile(source, fresh)
+        fresh.replace(directory / name)
+
+
+def der(cert: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+async def presented(port: int, certs: Certs) -> bytes:
+    """The certificate a new TLS client is shown."""
+    stream = await open_tls(port, client_context(certs))
+    try:
+        certificate = stream.getpeercert(binary_form=True)
+        assert certificate is not None
+        return certificate
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+log = structlog.get_logger()
+
+
+def test_rotated_files_are_loaded_once_they_have_held_still(certs, tmp_path):
+    """A rotation is taken up at the second check that sees it: a certificate and its key are
+    seldom replaced in one step, and a half-replaced pair must not be loaded in between."""
+    install(certs.server_cert, certs.server_key, tmp_path)
+    store = TlsContextStore(TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key"))
+    first = store.current
+    with capture_logs() as logs:
+        assert not store.check(log)  # nothing changed
+        install(certs.next_server_cert, certs.next_server_key, tmp_path)
+        assert not store.check(log)  # changed just now: it may still be changing
+        assert store.current is first
+        assert store.check(log)  # held still for one check: loaded
+        assert store.current is not first and store.reloads == 1
+        assert not store.check(log)  # and only once
+    assert [entry["event"] for entry in logs] == ["TLS files reloaded"]
+
+
+def test_a_rotation_that_cannot_be_loaded_keeps_the_files_in_use(certs, tmp_path):
+    install(certs.server_cert, certs.server_key, tmp_path)
+    store = TlsContextStore(TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key"))
+    first = store.current
+    with capture_logs() as logs:
+        install(certs.next_server_cert, certs.server_key, tmp_path)  # the old key: not a pair
+        assert not store.check(log) and not store.check(log)
+        assert store.current is first
+        assert not store.check(log)  # a failed set is not tried again until it changes
+        install(certs.next_server_cert, certs.next_server_key, tmp_path)  # the key follows
+        assert not store.check(log) and store.check(log)
+    failed = events(logs, "TLS files not reloaded: the ones loaded before stay in use")
+    assert len(failed) == 1 and "--tls-cert" in failed[0]["error"]
+    assert len(events(logs, "TLS files reloaded")) == 1
+
+
+async def test_a_running_proxy_shows_new_clients_the_rotated_certificate(certs, tmp_path):
+    """New connections get the rotated certificate without a restart; one already open keeps
+    its session and goes on relaying."""
+    install(certs.server_cert, certs.server_key, tmp_path)
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key")
+    async with trio.open_nursery() as nursery:
+        port = await start_proxy(nursery, await nursery.start(broker.serve), tls, tls_reload_interval=0.01)
+        with trio.fail_after(10):
+            assert await presented(port, certs) == der(certs.server_cert)
+            open_before = await open_tls(port, client_context(certs))
+            install(certs.next_server_cert, certs.next_server_key, tmp_path)
+            await wait_until(lambda: tls_store(tls).reloads)
+            assert await presented(port, certs) == der(certs.next_server_cert)
+            assert await round_trip(open_before) == expected()
+        nursery.cancel_scope.cancel()
+
+
+async def test_sighup_loads_the_tls_files_at_once(certs, tmp_path):
+    install(certs.server_cert, certs.server_key, tmp_path)
+    broker = FakeBroker()
+    tls = TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key")
+    config = ProxyConfig(
+        Address(LOOPBACK, 0), Address(LOOPBACK, 1), repair=FAST_REPAIR, tls=tls, tls_reload_interval=0
+    )
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        proxy = Proxy(replace(config, upstream=Address(LOOPBACK, broker_port)))
+        service = ProxyService(proxy, Liveness())
+        port = (await nursery.start(proxy.serve))[0].port
+        with trio.fail_after(10):
+            install(certs.next_server_cert, certs.next_server_key, tmp_path)
+            assert await presented(port, certs) == der(certs.server_cert)  # no watcher: not yet
+            service.reload()  # what SIGHUP does
+            assert await presented(port, certs) == der(certs.next_server_cert)
+        nursery.cancel_scope.cancel()
 
 
 class PeerNames:
