@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from threading import get_ident
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -129,6 +129,25 @@ class _TallyCollector(Collector):
         yield moved
 
 
+class _TlsReloadCollector(Collector):
+    def __init__(self, reloads: Callable[[], tuple[int, int, bool]]) -> None:
+        self._reloads = reloads
+
+    def collect(self) -> Iterator[Metric]:
+        loaded, failed, failing = self._reloads()
+        counts = CounterMetricFamily(
+            "corrfix_tls_reloads", "TLS files loaded anew (rotated, or SIGHUP), by result", labels=["result"]
+        )
+        counts.add_metric(["loaded"], loaded)
+        counts.add_metric(["failed"], failed)
+        yield counts
+        yield GaugeMetricFamily(
+            "corrfix_tls_reload_failed",
+            "1 while the TLS files on disk cannot be loaded: older ones are still in use",
+            value=1 if failing else 0,
+        )
+
+
 class ProxyMetrics:
     """Every corrfix metric, in a registry of its own."""
 
@@ -150,6 +169,8 @@ class ProxyMetrics:
         self.outstanding = Gauge("corrfix_outstanding_requests", "Requests awaiting an answer", registry=r)
         self.held_bytes = Gauge("corrfix_held_response_bytes", "Answers held for client order", registry=r)
         self._repair_children: dict[str, Counter] = {}
+        self._tls_reloads: Callable[[], tuple[int, int, bool]] = lambda: (0, 0, False)
+        r.register(_TlsReloadCollector(lambda: self._tls_reloads()))
 
     def tally(self) -> MetricTally:
         """The calling thread's tally (trio's, the relay engine's), made on its first count."""
@@ -168,6 +189,13 @@ class ProxyMetrics:
         if child is None:
             child = self._repair_children[kind] = self.repairs.labels(kind)
         child.inc()
+
+    def track_tls(self, reloads: Callable[[], tuple[int, int, bool]]) -> None:
+        """``corrfix_tls_reloads`` and ``corrfix_tls_reload_failed``, read at scrape time from
+        ``reloads()``: the loads that worked, those that failed, and whether the files on disk
+        cannot be loaded now (the previous ones are then still in use, until they expire).
+        Without TLS both are served as zeros, so that alert rules find them everywhere."""
+        self._tls_reloads = reloads
 
     def track_live(self, outstanding: Callable[[], float], held_bytes: Callable[[], float]) -> None:
         """Compute the gauges of live connections at scrape time, not per frame."""

@@ -53,6 +53,9 @@ class Proxy:
         self.stats = ProxyStats()
         # A missing or bad TLS file stops the proxy here, not per connection.
         self._tls = None if config.tls is None else tls_store(config.tls)
+        if self._tls is not None and metrics is not None:
+            store = self._tls
+            metrics.track_tls(lambda: (store.reloads, store.failures, store.failing))
         self._live: set[ProxyConnection] = set()
         self._in_engine: set[ProxyConnection] = set()  # relayed by the engine, with no task of their own
         self._live_changed = trio.lowlevel.ParkingLot()

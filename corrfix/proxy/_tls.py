@@ -176,6 +176,9 @@ class TlsContextStore:
         self._changed_to: tuple[_FileState, ...] | None = None  # seen at the last check
         self.current = self._build()  # raises TlsError: a bad file stops the proxy at start
         self.reloads = 0
+        self.failures = 0
+        self.failing = False
+        """The files on disk could not be loaded, at the last try: those in use are older."""
 
     def _state(self) -> tuple[_FileState, ...]:
         return tuple(_file_state(path) for path in self.paths)
@@ -202,12 +205,15 @@ class TlsContextStore:
         try:
             fresh = self._build()
         except TlsError as exc:
+            self.failures += 1
+            self.failing = True
             log.error(
                 "TLS files not reloaded: the ones loaded before stay in use", reason=reason, error=str(exc)
             )
             return False
         self.current = fresh
         self.reloads += 1
+        self.failing = False
         log.info("TLS files reloaded", reason=reason, files=[str(path) for path in self.paths])
         return True
 

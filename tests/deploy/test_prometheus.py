@@ -22,6 +22,7 @@ ALERTS = {
     "CorrfixUpstreamUnreachable",
     "CorrfixConnectionsNearLimit",
     "CorrfixRelayEngineSaturated",
+    "CorrfixTlsReloadFailed",
 }
 
 
@@ -72,11 +73,12 @@ def test_promtool_checks_a_live_scrape(promtool, live_scrape):
         "corrfix_capture_rows_lost_total",
     ):
         assert expected in names
-    # Labels stay low-cardinality: api names, repair kinds, sides, configured upstreams.
+    # Labels stay low-cardinality: api names, repair kinds, sides, configured upstreams, and
+    # a TLS reload's result (loaded or failed).
     label_names = {
         label
         for family in text_string_to_metric_families(live_scrape)
         for sample in family.samples
         for label in sample.labels
     }
-    assert label_names <= {"api", "kind", "side", "direction", "upstream", "le"}
+    assert label_names <= {"api", "kind", "side", "direction", "upstream", "le", "result"}

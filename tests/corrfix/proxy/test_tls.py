@@ -17,12 +17,21 @@ from pathlib import Path
 import pytest
 import structlog
 import trio
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.core import Address
 from corrfix.lab import workload as clients
-from corrfix.proxy import Proxy, ProxyConfig, ProxyService, TlsConfig, TlsError, tls_config_from_args
+from corrfix.proxy import (
+    Proxy,
+    ProxyConfig,
+    ProxyMetrics,
+    ProxyService,
+    TlsConfig,
+    TlsError,
+    tls_config_from_args,
+)
 from corrfix.proxy._health import Liveness
 from corrfix.proxy._tls import TlsContextStore, connect_upstream, tls_store
 from protocol import ApiKey, FrameDecoder, ProtocolError
@@ -365,6 +374,42 @@ async def test_a_running_proxy_shows_new_clients_the_rotated_certificate(certs, 
             assert await presented(port, certs) == der(certs.next_server_cert)
             assert await round_trip(open_before) == expected()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_rotation_that_cannot_be_loaded_shows_in_the_metrics(certs, tmp_path):
+    """corrfix_tls_reload_failed is what an alert watches: the certificate in use will expire."""
+    install(certs.server_cert, certs.server_key, tmp_path)
+    tls = TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key")
+    metrics = ProxyMetrics()
+    config = ProxyConfig(Address(LOOPBACK, 0), Address(LOOPBACK, 1), tls=tls, tls_reload_interval=0.01)
+    store = tls_store(tls)
+
+    def scraped() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        return {
+            name: float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            for name in (
+                "corrfix_tls_reload_failed",
+                'corrfix_tls_reloads_total{result="loaded"}',
+                'corrfix_tls_reloads_total{result="failed"}',
+            )
+            if line.startswith(name + " ")
+        }
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(Proxy(config, metrics=metrics).serve)
+        with trio.fail_after(10):
+            install(certs.next_server_cert, certs.server_key, tmp_path)  # the old key: not a pair
+            await wait_until(lambda: store.failing)
+            failed = scraped()
+            install(certs.next_server_cert, certs.next_server_key, tmp_path)
+            await wait_until(lambda: store.reloads)
+            loaded = scraped()
+        nursery.cancel_scope.cancel()
+    reloads = 'corrfix_tls_reloads_total{result="%s"}'
+    assert failed == {"corrfix_tls_reload_failed": 1.0, reloads % "loaded": 0.0, reloads % "failed": 1.0}
+    assert loaded == {"corrfix_tls_reload_failed": 0.0, reloads % "loaded": 1.0, reloads % "failed": 1.0}
 
 
 async def test_sighup_loads_the_tls_files_at_once(certs, tmp_path):
