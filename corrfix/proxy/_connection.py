@@ -371,7 +371,12 @@ class ProxyConnection:
                     discarded += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
-        self.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+        if discarded:
+            self.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+        else:
+            self.log.info(
+                "client did not close after the proxy's end of stream", linger=self.config.close_linger
+            )
 
     async def _run_timer(self) -> None:
         core = self.core
@@ -439,8 +444,9 @@ async def _end_stream(stream: trio.abc.Stream) -> tuple[trio.abc.HalfCloseableSt
     ending already took from it.
 
     TCP gets a FIN. TLS cannot half-close, so it gets close_notify first (most clients close
-    on it; one that answers with its own close_notify is done at once), then the FIN under
-    it. Whatever the client sends after that is read raw and dropped: it cannot be answered.
+    on it; one that answers with its own close_notify is done at once), then, CLOSE_GRACE
+    later at most, the FIN under it. Whatever the client sends after that is read raw and
+    dropped: it cannot be answered.
     """
     if not isinstance(stream, trio.SSLStream):
         assert isinstance(stream, trio.abc.HalfCloseableStream)
@@ -449,8 +455,9 @@ async def _end_stream(stream: trio.abc.Stream) -> tuple[trio.abc.HalfCloseableSt
     transport = stream.transport_stream
     taken = 0
     try:
-        transport, trailing = await stream.unwrap()
-        taken = len(trailing)
+        with trio.move_on_after(CLOSE_GRACE):  # the FIN does not wait for a client that does nothing
+            transport, trailing = await stream.unwrap()
+            taken = len(trailing)
     except trio.BrokenResourceError:
         pass  # the client sent more after our close_notify, or closed: the rest is read raw
     assert isinstance(transport, trio.abc.HalfCloseableStream)

@@ -905,7 +905,12 @@ class RelayEngine:
 
     def _kept_sending(self, relayed: Relayed) -> None:
         discarded = relayed.discarded
-        relayed.sinks.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+        if discarded:
+            relayed.sinks.log.info("client kept sending after the proxy's end of stream", discarded=discarded)
+        else:
+            relayed.sinks.log.info(
+                "client did not close after the proxy's end of stream", linger=relayed.close_linger
+            )
         self._end(relayed)
 
     # -- the end of a connection ---------------------------------------------------------

@@ -107,14 +107,24 @@ class Proxy:
 
     async def _watch_tls(self, store: TlsContextStore) -> None:
         """Take up rotated certificates, keys and CAs without a restart (for new connections)."""
+        interval = self.config.tls_reload_interval
         while True:
-            await trio.sleep(self.config.tls_reload_interval)
-            store.check(log)
+            await trio.sleep(interval)
+            try:
+                store.check(log, trio.current_time(), settle=interval)
+            except Exception:  # a bug here must not stop the proxy: the files in use stay
+                log.exception("internal error while checking the TLS files")
 
     def reload_tls(self) -> bool:
         """Build the TLS contexts from their files now (SIGHUP); False if there is no TLS, or
         the files could not be loaded (the contexts in use then stay)."""
-        return self._tls is not None and self._tls.reload(log)
+        if self._tls is None:
+            return False
+        try:
+            return self._tls.reload(log)
+        except Exception:  # as in _watch_tls
+            log.exception("internal error while loading the TLS files")
+            return False
 
     def drain(self, timeout: float) -> None:
         """Stop accepting; let each connection finish what it owes, for at most ``timeout``."""

@@ -138,8 +138,9 @@ class TlsContexts(NamedTuple):
     upstream: ssl.SSLContext | None
 
 
-_FileState = tuple[int, int, int, int] | None
-"""A file's device, inode, size and modification time (None: it cannot be read now)."""
+_FileState = tuple[int, int, int, int, int] | None
+"""A file's device, inode, size, and modification and change times (None: it cannot be
+read now). The change time moves with a new mode or owner too: a file made readable."""
 
 
 def _file_state(path: Path) -> _FileState:
@@ -147,15 +148,17 @@ def _file_state(path: Path) -> _FileState:
         st = os.stat(path)  # through symlinks: Kubernetes swaps the link to a secret's new files
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class TlsContextStore:
     """One configuration's contexts, shared by every connection, and their files' state.
 
     :meth:`check` is called every ``TLS_RELOAD_INTERVAL``: once the files have changed and
-    then held still for one interval (a certificate and its key are rarely replaced in one
-    step), the contexts are built again. :meth:`reload` does it at once (SIGHUP).
+    then held still for ``settle`` seconds (a certificate and its key are rarely replaced in
+    one step), the contexts are built again. Files that could not be loaded are tried again
+    at every check, since what fixes them may not show in their state (a freed descriptor).
+    :meth:`reload` builds them at once (SIGHUP).
     """
 
     def __init__(self, config: TlsConfig) -> None:
@@ -173,12 +176,14 @@ class TlsContextStore:
             if path is not None
         )
         self._loaded = self._state()
-        self._changed_to: tuple[_FileState, ...] | None = None  # seen at the last check
+        self._changed_to: tuple[_FileState, ...] | None = None  # a change seen, not loaded yet
+        self._changed_at = 0.0
         self.current = self._build()  # raises TlsError: a bad file stops the proxy at start
         self.reloads = 0
         self.failures = 0
         self.failing = False
         """The files on disk could not be loaded, at the last try: those in use are older."""
+        self._error = ""
 
     def _state(self) -> tuple[_FileState, ...]:
         return tuple(_file_state(path) for path in self.paths)
@@ -186,34 +191,39 @@ class TlsContextStore:
     def _build(self) -> TlsContexts:
         return TlsContexts(listener_context(self.config), upstream_context(self.config))
 
-    def check(self, log: Any) -> bool:
-        """Reload if the files changed and have held still since the last check; True if
-        new contexts are in use."""
+    def check(self, log: Any, now: float, settle: float) -> bool:
+        """Reload if the files changed and have then held still for ``settle`` seconds, or if
+        the last try failed; True if new contexts are in use."""
         state = self._state()
         if state == self._loaded:
             self._changed_to = None
+            return self.failing and self.reload(log, reason="retry")
+        if state != self._changed_to:  # just changed, or still changing: wait for it to settle
+            self._changed_to, self._changed_at = state, now
             return False
-        if state != self._changed_to:  # still changing, or just changed: look again next time
-            self._changed_to = state
+        if now - self._changed_at < settle:
             return False
         return self.reload(log, reason="files changed")
 
     def reload(self, log: Any, reason: str = "SIGHUP") -> bool:
         """Build the contexts from the files now; if that fails, keep those in use."""
-        state = self._state()
-        self._loaded, self._changed_to = state, None  # a failed set is not retried until it changes
+        self._loaded, self._changed_to = self._state(), None
         try:
             fresh = self._build()
         except TlsError as exc:
             self.failures += 1
             self.failing = True
-            log.error(
-                "TLS files not reloaded: the ones loaded before stay in use", reason=reason, error=str(exc)
-            )
+            if str(exc) != self._error:  # a retry that fails the same way says nothing new
+                self._error = str(exc)
+                log.error(
+                    "TLS files not reloaded: the ones loaded before stay in use",
+                    reason=reason,
+                    error=str(exc),
+                )
             return False
         self.current = fresh
         self.reloads += 1
-        self.failing = False
+        self.failing, self._error = False, ""
         log.info("TLS files reloaded", reason=reason, files=[str(path) for path in self.paths])
         return True
 
@@ -252,11 +262,13 @@ def _load_chain(
     _check_file(certfile, cert_option)
     if keyfile is not None:
         _check_file(keyfile, key_option)
+    files = f"{cert_option} {certfile}" + (f" / {key_option} {keyfile}" if keyfile else "")
     try:
         context.load_cert_chain(certfile, keyfile)
     except ssl.SSLError as exc:
-        files = f"{cert_option} {certfile}" + (f" / {key_option} {keyfile}" if keyfile else "")
         raise TlsError(f"{files}: not a usable PEM certificate and matching key ({ssl_reason(exc)})") from exc
+    except OSError as exc:  # replaced or made unreadable since it was checked (a rotation under way)
+        raise TlsError(f"{files}: {exc.strerror or exc}") from exc
 
 
 def _load_ca(context: ssl.SSLContext, cafile: Path, option: str) -> None:
@@ -265,6 +277,8 @@ def _load_ca(context: ssl.SSLContext, cafile: Path, option: str) -> None:
         context.load_verify_locations(cafile=cafile)
     except ssl.SSLError as exc:
         raise TlsError(f"{option} {cafile}: not a PEM CA bundle ({ssl_reason(exc)})") from exc
+    except OSError as exc:  # replaced or made unreadable since it was checked
+        raise TlsError(f"{option} {cafile}: {exc.strerror or exc}") from exc
 
 
 # -- handshakes ----------------------------------------------------------------------------

@@ -450,7 +450,7 @@ async def test_every_connection_closes_at_its_own_deadline_from_one_heap(mock_cl
     assert a.over_at == pytest.approx(start + 20 + 30 + CLOSE_GRACE + config_a.close_linger)
     assert a.reason == "idle for 30s" and b.reason == "idle for 10s"
     lingered = [
-        e["connection"] for e in logs if e["event"] == "client kept sending after the proxy's end of stream"
+        e["connection"] for e in logs if e["event"] == "client did not close after the proxy's end of stream"
     ]
     assert lingered == ["a"]
     assert engine.connections == 0

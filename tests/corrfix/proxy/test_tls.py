@@ -6,7 +6,9 @@ made once per session with the openssl command line.
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import shutil
 import ssl
 import subprocess
@@ -326,20 +328,32 @@ log = structlog.get_logger()
 
 
 def test_rotated_files_are_loaded_once_they_have_held_still(certs, tmp_path):
-    """A rotation is taken up at the second check that sees it: a certificate and its key are
-    seldom replaced in one step, and a half-replaced pair must not be loaded in between."""
+    """A rotation is taken up once it has held still for ``settle`` seconds, however often the
+    files are looked at: a certificate and its key are seldom replaced in one step."""
     install(certs.server_cert, certs.server_key, tmp_path)
     store = TlsContextStore(TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key"))
     first = store.current
     with capture_logs() as logs:
-        assert not store.check(log)  # nothing changed
+        assert not store.check(log, 0.0, settle=10)  # nothing changed
         install(certs.next_server_cert, certs.next_server_key, tmp_path)
-        assert not store.check(log)  # changed just now: it may still be changing
+        assert not store.check(log, 1.0, settle=10)  # changed just now: it may still be changing
+        assert not store.check(log, 10.9, settle=10)  # two watchers, say: still not 10 s
         assert store.current is first
-        assert store.check(log)  # held still for one check: loaded
+        assert store.check(log, 11.0, settle=10)  # held still for 10 s: loaded
         assert store.current is not first and store.reloads == 1
-        assert not store.check(log)  # and only once
+        assert not store.check(log, 30.0, settle=10)  # and only once
     assert [entry["event"] for entry in logs] == ["TLS files reloaded"]
+
+
+def test_a_change_while_settling_starts_the_wait_again(certs, tmp_path):
+    install(certs.server_cert, certs.server_key, tmp_path)
+    store = TlsContextStore(TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key"))
+    shutil.copyfile(certs.next_server_cert, tmp_path / "tls.crt")  # the certificate first...
+    assert not store.check(log, 0.0, settle=10)
+    install(certs.next_server_cert, certs.next_server_key, tmp_path)  # ...its key 8 s later
+    assert not store.check(log, 8.0, settle=10)
+    assert not store.check(log, 12.0, settle=10)  # 10 s after the first change, 4 after the last
+    assert store.check(log, 18.0, settle=10) and store.failures == 0
 
 
 def test_a_rotation_that_cannot_be_loaded_keeps_the_files_in_use(certs, tmp_path):
@@ -348,14 +362,55 @@ def test_a_rotation_that_cannot_be_loaded_keeps_the_files_in_use(certs, tmp_path
     first = store.current
     with capture_logs() as logs:
         install(certs.next_server_cert, certs.server_key, tmp_path)  # the old key: not a pair
-        assert not store.check(log) and not store.check(log)
-        assert store.current is first
-        assert not store.check(log)  # a failed set is not tried again until it changes
+        assert not store.check(log, 0.0, settle=1) and not store.check(log, 1.0, settle=1)
+        assert store.current is first and store.failing
+        assert not store.check(log, 2.0, settle=1)  # tried again, and logged only once
+        assert store.failures == 2
         install(certs.next_server_cert, certs.next_server_key, tmp_path)  # the key follows
-        assert not store.check(log) and store.check(log)
+        assert not store.check(log, 3.0, settle=1) and store.check(log, 4.0, settle=1)
+        assert not store.failing
     failed = events(logs, "TLS files not reloaded: the ones loaded before stay in use")
     assert len(failed) == 1 and "--tls-cert" in failed[0]["error"]
     assert len(events(logs, "TLS files reloaded")) == 1
+
+
+def test_files_that_failed_to_load_are_tried_again_until_they_load(certs, tmp_path, monkeypatch):
+    """What fixes them may not change what stat shows: here, a descriptor freed."""
+    install(certs.server_cert, certs.server_key, tmp_path)
+    store = TlsContextStore(TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key"))
+    install(certs.next_server_cert, certs.next_server_key, tmp_path)
+
+    def out_of_descriptors(context: ssl.SSLContext, certfile: Path, keyfile: Path | None = None) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    with capture_logs() as logs:
+        with monkeypatch.context() as patched:
+            patched.setattr(ssl.SSLContext, "load_cert_chain", out_of_descriptors)
+            assert not store.check(log, 0.0, settle=1) and not store.check(log, 1.0, settle=1)
+            assert store.failing
+        assert store.check(log, 2.0, settle=1)  # nothing changed on disk: a retry, and it loads
+    assert [entry["reason"] for entry in events(logs, "TLS files reloaded")] == ["retry"]
+
+
+def test_a_file_removed_while_it_is_loaded_is_a_failed_load_not_a_crash(certs, tmp_path, monkeypatch):
+    """A rotation under way can remove a file between its check and its load."""
+    install(certs.server_cert, certs.server_key, tmp_path)
+    config = TlsConfig(certfile=tmp_path / "tls.crt", keyfile=tmp_path / "tls.key")
+    store = TlsContextStore(config)
+    loading = ssl.SSLContext.load_cert_chain
+
+    def removed_meanwhile(context: ssl.SSLContext, certfile: Path, keyfile: Path | None = None) -> None:
+        certfile.unlink()
+        loading(context, certfile, keyfile)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", removed_meanwhile)
+    with capture_logs() as logs:
+        assert not store.reload(log)
+    assert store.failing
+    assert (
+        "No such file"
+        in events(logs, "TLS files not reloaded: the ones loaded before stay in use")[0]["error"]
+    )
 
 
 async def test_a_running_proxy_shows_new_clients_the_rotated_certificate(certs, tmp_path):
