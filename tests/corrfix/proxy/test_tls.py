@@ -13,6 +13,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from corrfix.proxy import (
     TlsError,
     tls_config_from_args,
 )
+from corrfix.proxy import _metrics as metrics_module
 from corrfix.proxy._health import Liveness
 from corrfix.proxy._tls import TlsContextStore, connect_upstream, tls_store
 from protocol import ApiKey, FrameDecoder, ProtocolError
@@ -295,6 +297,78 @@ async def test_a_drained_tls_client_gets_its_answer_then_close_notify(certs, sen
     assert answers(FrameDecoder().feed(got)) == [(7, 70)]
     assert [entry["event"] for entry in closes] == ["connection closed"]
     assert closes[0]["reason"] == "proxy draining"
+
+
+# -- metrics from both relay paths at once ---------------------------------------------------
+
+
+class ThreadCheckedRequests(dict):
+    """A tally's requests by api that note any write from a thread other than the tally's."""
+
+    def __init__(self, owner: int, strays: list[str]) -> None:
+        super().__init__()
+        self.owner, self.strays = owner, strays
+
+    def __setitem__(self, key: int, value: int) -> None:
+        if threading.get_ident() != self.owner:
+            self.strays.append(threading.current_thread().name)
+        super().__setitem__(key, value)
+
+
+async def test_each_thread_counts_into_its_own_tally_with_both_paths_busy(certs, monkeypatch):
+    """Without capture the repair machine counts each request and answer into the tally the
+    sinks give it, and each tally has one writer, its own thread: plaintext connections are
+    counted by the relay engine's thread, TLS ones by trio's, here both at once. Nothing may
+    be counted twice, lost, or written from another thread."""
+    strays: list[str] = []
+
+    class ThreadCheckedTally(metrics_module.MetricTally):
+        __slots__ = ("owner",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.owner = threading.get_ident()
+            self.requests = ThreadCheckedRequests(self.owner, strays)
+
+        def answer(self, api_key: int, seconds: float) -> None:
+            if threading.get_ident() != self.owner:
+                strays.append(threading.current_thread().name)
+            super().answer(api_key, seconds)
+
+    monkeypatch.setattr(metrics_module, "MetricTally", ThreadCheckedTally)
+    metrics = ProxyMetrics()
+    connections, batches, batch = 8, 4, 25
+
+    async def client(port: int, context: ssl.SSLContext | None) -> None:
+        stream: trio.abc.Stream
+        if context is None:
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+        else:
+            stream = await open_tls(port, context)
+        for _ in range(batches):
+            await stream.send_all(b"".join(request_frame(ApiKey.LIST_OFFSETS, i, i) for i in range(batch)))
+            assert len(await read_frames(stream, batch)) == batch
+        await trio.aclose_forcefully(stream)
+
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(FakeBroker().serve)
+        ports = []
+        for tls in (None, TlsConfig(certfile=certs.server_cert, keyfile=certs.server_key)):
+            config = ProxyConfig(Address(LOOPBACK, 0), Address(LOOPBACK, broker_port), tls=tls)
+            ports.append((await nursery.start(Proxy(config, metrics=metrics).serve))[0].port)
+        plain_port, tls_port = ports
+        with trio.fail_after(20):
+            async with trio.open_nursery() as clients:
+                for _ in range(connections):
+                    clients.start_soon(client, plain_port, None)
+                    clients.start_soon(client, tls_port, client_context(certs))
+        nursery.cancel_scope.cancel()
+    tallies = metrics._all_tallies()
+    expected = 2 * connections * batches * batch
+    assert len(tallies) == 2  # trio's thread and the engine's
+    assert sum(sum(tally.requests.values()) for tally in tallies) == expected
+    assert sum(sum(entry[1:]) for tally in tallies for entry in tally.answers.values()) == expected
+    assert strays == []
 
 
 # -- rotated certificates --------------------------------------------------------------------
