@@ -17,6 +17,7 @@ from structlog.typing import FilteringBoundLogger
 from corrfix.core import Address, Answered, Event, Forwarded, Notice, Repaired, RepairKind, RepairMachine
 from corrfix.proxy._metrics import ProxyMetrics
 from corrfix.proxy._observer import ConnectionObserver
+from corrfix.proxy._throttle import LogThrottle
 
 _LOUD_EVENTS = {
     RepairKind.SKIP_DETECTED,
@@ -36,6 +37,8 @@ class ProxyStats:
     repairs: Counter[str] = field(default_factory=Counter)
     answering_upstreams: set[Address] = field(default_factory=set)
     """Brokers that answered on some connection: plaintext works there, so a close is no TLS hint."""
+    repair_warnings: LogThrottle = field(default_factory=LogThrottle, repr=False, compare=False)
+    """Repair warning lines, held to a rate per kind (every repair is still counted)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def repaired(self, kind: str) -> None:
@@ -152,6 +155,10 @@ class ConnectionSinks:
         self.stats.repaired(kind)
         if self.metrics is not None:
             self.metrics.repair(kind)
+        loud = event.kind in _LOUD_EVENTS
+        held = self.stats.repair_warnings.admit(kind) if loud else 0
+        if held is None:  # counted above; the line is left out
+            return
         fields = {
             "api": event.api,
             "client_correlation_id": event.client_correlation_id,
@@ -161,7 +168,9 @@ class ConnectionSinks:
             "reason": event.reason or None,
         }
         fields = {k: v for k, v in fields.items() if v is not None}
-        if event.kind in _LOUD_EVENTS:
+        if loud:
+            if held:
+                fields["suppressed"] = held  # lines of this kind left out since the last one
             self.log.warning(f"repair.{kind}", **fields)
         else:
             self.log.debug(f"repair.{kind}", **fields)
