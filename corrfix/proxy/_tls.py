@@ -8,8 +8,9 @@ optionally a client certificate of its own. The repair machine always sees plain
 Contexts are built once per configuration, when the proxy starts, so a missing file or a
 bad key stops it at once instead of failing every connection. They are built again when the
 files change (a certificate rotated by cert-manager or an ACME client) and at SIGHUP; a new
-set that cannot be loaded is logged and the one in use stays, so a bad rotation never takes
-TLS down. Connections already open keep the session they have. A peer speaking the other
+set that cannot be loaded is logged and the one in use stays, so a bad rotation does not take
+TLS down while corrfix runs (a restart with such files fails, as any start-up does).
+Connections already open keep the session they have. A peer speaking the other
 protocol is named in the log: a ClientHello on a plaintext listener, plaintext on a TLS
 listener, a plaintext broker behind ``--upstream-tls`` and a TLS broker without it.
 
