@@ -142,20 +142,12 @@ class ProxyConnection:
         if upstream is None:
             await self.client.aclose()
             return False
-        self.log.info("connection opened", upstream=str(self.upstream))
-        if self.observer is not None:
-            self.observer.connection_opened(self.conn_id, self._client_peer, peer_name(upstream))
-        core = self.core = ConnectionCore(
-            self.config.connection,
-            self.machine,
-            trio.current_time(),
-            client_peer=self._client_peer,
-            upstream_peer=str(self.upstream),
-            client_tls=isinstance(self.client, trio.SSLStream),
-            upstream_tls=isinstance(upstream, trio.SSLStream),
-            upstream_known_plaintext=self._upstream_known_plaintext,  # a bound method: no closure kept
-            record_frames=self.observer is not None,
-        )
+        try:
+            core = self._open(upstream)
+        except BaseException:  # a bug (an observer's): the broker's socket is closed now, not by the GC
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(upstream)
+            raise
         if (
             self.config.engine
             and isinstance(self.client, trio.SocketStream)
@@ -184,6 +176,24 @@ class ProxyConnection:
                 await trio.aclose_forcefully(self.client)
             self._report_closed()
         return False
+
+    def _open(self, upstream: trio.abc.Stream) -> ConnectionCore:
+        """Both sides are up: log it, tell the observer, and make the connection's core."""
+        self.log.info("connection opened", upstream=str(self.upstream))
+        if self.observer is not None:
+            self.observer.connection_opened(self.conn_id, self._client_peer, peer_name(upstream))
+        core = self.core = ConnectionCore(
+            self.config.connection,
+            self.machine,
+            trio.current_time(),
+            client_peer=self._client_peer,
+            upstream_peer=str(self.upstream),
+            client_tls=isinstance(self.client, trio.SSLStream),
+            upstream_tls=isinstance(upstream, trio.SSLStream),
+            upstream_known_plaintext=self._upstream_known_plaintext,  # a bound method: no closure kept
+            record_frames=self.observer is not None,
+        )
+        return core
 
     def abandon(self) -> None:
         """Close a connection the engine relays, in trio's thread: when the engine is done with

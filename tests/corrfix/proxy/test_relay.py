@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 
@@ -352,9 +354,8 @@ async def test_a_bug_at_a_connections_close_is_logged_and_the_proxy_serves_on(en
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
         broker_port = await nursery.start(broker.serve)
-        config = ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", broker_port), engine=engine)
-        proxy = Proxy(config, observer=_ObserverFailingAtClose())
-        port = (await nursery.start(proxy.serve))[0].port
+        observer = _ObserverFailingAtClose()
+        proxy, port = await start_proxy(nursery, broker_port, engine=engine, observer=observer)
         with trio.fail_after(10), capture_logs() as logs:
             for cid in range(2):
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -366,6 +367,33 @@ async def test_a_bug_at_a_connections_close_is_logged_and_the_proxy_serves_on(en
         nursery.cancel_scope.cancel()
     errors = [e for e in logs if e["event"] == "internal error, connection closed"]
     assert [e["connection"] for e in errors] == ["c1", "c2"]
+
+
+class _ObserverFailingAtOpen(_ObserverFailingAtClose):
+    def connection_opened(self, connection: str, client: str, upstream: str) -> None:
+        raise RuntimeError("observer bug at open")
+
+
+async def test_a_bug_as_a_connection_opens_closes_the_brokers_socket_at_once(engine):
+    """The broker's socket is closed by the proxy, not left to the garbage collector (which
+    warns of an unclosed socket): the log keeps the error's traceback, and with it the frame."""
+    broker = FakeBroker()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        async with trio.open_nursery() as nursery:
+            broker_port = await nursery.start(broker.serve)
+            observer = _ObserverFailingAtOpen()
+            proxy, port = await start_proxy(nursery, broker_port, engine=engine, observer=observer)
+            with trio.fail_after(10), capture_logs() as logs:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(request_frame(ApiKey.LIST_OFFSETS, 1, 1))
+                assert await read_frames(stream, 1) == []  # closed
+                await wait_until(lambda: broker.ended == 1)
+                await wait_until(lambda: not proxy.stats.connections_active)
+            nursery.cancel_scope.cancel()
+        gc.collect()
+    assert [e["connection"] for e in logs if e["event"] == "internal error, connection closed"] == ["c1"]
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
 
 
 async def test_an_engine_that_cannot_start_fails_one_connection_and_the_next_is_relayed(monkeypatch):
