@@ -19,6 +19,7 @@ from corrfix.proxy._connection import ProxyConnection, ProxyStats
 from corrfix.proxy._metrics import ProxyMetrics
 from corrfix.proxy._observer import ConnectionObserver, SerializedObserver
 from corrfix.proxy._streams import peer_name
+from corrfix.proxy._throttle import HELD_REPORT_INTERVAL
 from corrfix.proxy._tls import TlsContextStore, tls_store
 
 LISTEN_BACKLOG = 1024
@@ -102,6 +103,7 @@ class Proxy:
                         nursery.start_soon(self._accept, listener, self._handle)
                     if self._tls is not None and self.config.tls_reload_interval > 0:
                         nursery.start_soon(self._watch_tls, self._tls)
+                    nursery.start_soon(self._report_held_warnings)
                     task_status.started(bound)
         log.info("proxy drained" if self._listening.cancel_called else "proxy stopped serving")
 
@@ -114,6 +116,13 @@ class Proxy:
                 store.check(log, trio.current_time(), settle=interval)
             except Exception:  # a bug here must not stop the proxy: the files in use stay
                 log.exception("internal error while checking the TLS files")
+
+    async def _report_held_warnings(self) -> None:
+        """Repair warning lines left out at the end of a storm, which no later line counts."""
+        while True:
+            await trio.sleep(HELD_REPORT_INTERVAL)
+            for kind, held in self.stats.repair_warnings.take_held().items():
+                log.warning("repair warnings left out", kind=kind, suppressed=held)
 
     def reload_tls(self) -> bool:
         """Build the TLS contexts from their files now (SIGHUP); False if there is no TLS, or

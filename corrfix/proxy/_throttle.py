@@ -3,7 +3,9 @@
 A broker that loses answers by the thousand per second would otherwise cost a warning line
 per repair: the relay engine's CPU, which formats them, and the log pipeline's, which ships
 them, both when corrfix is busiest. Every repair is still counted (``corrfix_repairs``, each
-connection's closing line, capture), and the next line written says how many were not.
+connection's closing line, capture), and the next line written says how many were not. A
+storm that ends has no next line, so the proxy says what is still left out every
+:data:`HELD_REPORT_INTERVAL` (:meth:`LogThrottle.take_held`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ LOG_RATE = 10.0
 """Lines a second, for each kind, once a burst is spent."""
 LOG_BURST = 20.0
 """Lines that may come at once, for each kind."""
+HELD_REPORT_INTERVAL = 10.0
+"""How often the proxy logs the lines left out that no later line has counted yet."""
 
 
 class _Bucket:
@@ -55,3 +59,12 @@ class LogThrottle:
             bucket.tokens -= 1.0
             held, bucket.held = bucket.held, 0
             return held
+
+    def take_held(self) -> dict[str, int]:
+        """Lines left out per key that no line written since has counted, reset to none: a
+        storm that ended has no next line to say them."""
+        with self._lock:
+            held = {key: bucket.held for key, bucket in self._buckets.items() if bucket.held}
+            for key in held:
+                self._buckets[key].held = 0
+        return held

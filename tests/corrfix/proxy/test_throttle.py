@@ -6,11 +6,13 @@ from __future__ import annotations
 import threading
 
 import structlog
+import trio
 from structlog.testing import capture_logs
 
 from corrfix.core import LOOPBACK, Address, Repaired, RepairKind
+from corrfix.proxy import Proxy, ProxyConfig
 from corrfix.proxy._sinks import ConnectionSinks, ProxyStats
-from corrfix.proxy._throttle import LogThrottle
+from corrfix.proxy._throttle import HELD_REPORT_INTERVAL, LogThrottle
 
 
 class Clock:
@@ -75,3 +77,34 @@ def test_a_storm_of_repairs_is_counted_in_full_and_logged_in_part():
     assert warned[20]["suppressed"] == 480 and warned[20]["upstream_correlation_id"] == 500
     assert sinks.repairs["skip_detected"] == stats.repairs["skip_detected"] == 501
     assert sinks.repairs["stale_drop"] == 500  # a debug line each: not held to the rate
+
+
+def test_lines_left_out_are_taken_once():
+    clock = Clock()
+    throttle = LogThrottle(rate=10, burst=2, clock=clock)
+    for _ in range(7):
+        throttle.admit("requeue")
+    throttle.admit("give_up")
+    assert throttle.take_held() == {"requeue": 5}
+    assert throttle.take_held() == {}
+    clock.now += 1.0
+    assert throttle.admit("requeue") == 0  # the next line has nothing more to say
+
+
+async def test_the_proxy_says_what_a_storm_that_ended_left_out(autojump_clock):
+    """No repair line follows the storm: the proxy's own line, every HELD_REPORT_INTERVAL,
+    counts the lines left out (the clock is trio's MockClock, jumping when all tasks wait)."""
+    proxy = Proxy(ProxyConfig(Address(LOOPBACK, 0), Address(LOOPBACK, 1)))
+    clock = Clock()
+    proxy.stats.repair_warnings = LogThrottle(rate=10, burst=20, clock=clock)
+    for _ in range(500):
+        proxy.stats.repair_warnings.admit("skip_detected")
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.serve)
+            await trio.sleep(HELD_REPORT_INTERVAL - 1)
+            assert not [e for e in logs if e["event"] == "repair warnings left out"]
+            await trio.sleep(HELD_REPORT_INTERVAL)  # one report, then nothing more to say
+            nursery.cancel_scope.cancel()
+    left_out = [(e["kind"], e["suppressed"]) for e in logs if e["event"] == "repair warnings left out"]
+    assert left_out == [("skip_detected", 480)]
