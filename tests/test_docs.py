@@ -9,8 +9,13 @@ import re
 from pathlib import Path
 
 from corrfix._cli import build_parser
+from corrfix.core import Address
+from corrfix.proxy import ProxyMetrics
 from corrfix.proxy._config_env import long_option
 from corrfix.proxy._config_file import settable_actions, setting_key
+from corrfix.proxy._engine_metrics import EngineCollector
+from corrfix.proxy._health import Readiness
+from corrfix.proxy._health_metrics import HealthCollector
 
 ROOT = Path(__file__).parent.parent
 TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
@@ -63,3 +68,31 @@ def test_the_readme_gives_every_off_switch_its_config_file_key():
     assert len(switches) >= 4
     missing = [option for option, key in switches if f"`{key} = false`" not in rows.get(option, "")]
     assert missing == []
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Every metric a ``corrfix proxy --metrics --capture-dir`` serves, as scraped, with its labels."""
+    metrics = ProxyMetrics()
+    tally = metrics.tally()  # an api's series appear once it has been seen
+    tally.requests[0] = 1
+    tally.answer(0, 0.001)
+    readiness = Readiness([Address("127.0.0.1", 9092)], stale=15.0)
+    metrics.registry.register(HealthCollector(readiness, max_connections=10, capture=lambda: (0, 0)))
+    metrics.registry.register(EngineCollector(lambda: None))
+    return {
+        family.name + ("_total" if family.type == "counter" else ""): {
+            label for sample in family.samples for label in sample.labels
+        }
+        - {"le"}
+        for family in metrics.registry.collect()
+    }
+
+
+def test_the_readme_lists_every_metric_with_its_labels():
+    documented = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("| `corrfix_"):
+            names, labels = line.split("|")[1:3]
+            for name in re.findall(r"`(corrfix_\w+)`", names):
+                documented[name] = set(re.findall(r"`(\w+)`", labels))
+    assert documented == exported_metrics()
