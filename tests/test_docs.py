@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 from pathlib import Path
+
+from prometheus_client.samples import Sample
 
 from corrfix._cli import build_parser
 from corrfix.core import Address
@@ -70,21 +73,27 @@ def test_the_readme_gives_every_off_switch_its_config_file_key():
     assert missing == []
 
 
-def exported_metrics() -> dict[str, set[str]]:
-    """Every metric a ``corrfix proxy --metrics --capture-dir`` serves, as scraped, with its labels."""
+def scrape(requests_seen: bool) -> dict[str, list[Sample]]:
+    """What a ``corrfix proxy --metrics --capture-dir`` serves, by metric name as scraped."""
     metrics = ProxyMetrics()
-    tally = metrics.tally()  # an api's series appear once it has been seen
-    tally.requests[0] = 1
-    tally.answer(0, 0.001)
+    if requests_seen:  # an api's series appear once it has been seen
+        tally = metrics.tally()
+        tally.requests[0] = 1
+        tally.answer(0, 0.001)
     readiness = Readiness([Address("127.0.0.1", 9092)], stale=15.0)
     metrics.registry.register(HealthCollector(readiness, max_connections=10, capture=lambda: (0, 0)))
     metrics.registry.register(EngineCollector(lambda: None))
     return {
-        family.name + ("_total" if family.type == "counter" else ""): {
-            label for sample in family.samples for label in sample.labels
-        }
-        - {"le"}
+        family.name + ("_total" if family.type == "counter" else ""): family.samples
         for family in metrics.registry.collect()
+    }
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Every metric served, with its labels."""
+    return {
+        name: {label for sample in samples for label in sample.labels} - {"le"}
+        for name, samples in scrape(requests_seen=True).items()
     }
 
 
@@ -96,3 +105,13 @@ def test_the_readme_lists_every_metric_with_its_labels():
             for name in re.findall(r"`(corrfix_\w+)`", names):
                 documented[name] = set(re.findall(r"`(\w+)`", labels))
     assert documented == exported_metrics()
+
+
+def test_the_dashboard_finds_a_corrfix_that_has_relayed_nothing_yet():
+    """Its instance list comes from a metric with a series before the first request, so a
+    corrfix without clients yet shows whether it is ready."""
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "corrfix-dashboard.json").read_text())
+    served = {name for name, samples in scrape(requests_seen=False).items() if samples}
+    for variable in dashboard["templating"]["list"]:
+        match = re.fullmatch(r"label_values\((\w+), instance\)", variable["query"]["query"])
+        assert match is not None and match[1] in served, variable["query"]["query"]
