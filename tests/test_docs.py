@@ -115,3 +115,51 @@ def test_the_dashboard_finds_a_corrfix_that_has_relayed_nothing_yet():
     for variable in dashboard["templating"]["list"]:
         match = re.fullmatch(r"label_values\((\w+), instance\)", variable["query"]["query"])
         assert match is not None and match[1] in served, variable["query"]["query"]
+
+
+MAP_ENTRY = re.compile(r"( *)([\w.]+/|[\w.]+\.py(?:, [\w.]+\.py)*)(?: +(.*))?")
+
+
+def module_map() -> dict[Path, str]:
+    """docs/design.md's module map: each folder and module it names, with its description."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Module map", 1)[1].split("```")[1]
+    entries: dict[Path, str] = {}
+    folders: list[Path] = []  # the folder at each indentation level
+    names: list[Path] = []
+    for line in block.strip("\n").splitlines():
+        match = MAP_ENTRY.fullmatch(line)
+        if match is None:  # a description's next line
+            for path in names:
+                entries[path] += " " + line.strip()
+            continue
+        depth = len(match[1]) // 2
+        folders = folders[:depth]
+        parent = folders[-1] if folders else Path()
+        names = [parent / name for name in match[2].split(", ")]
+        for path in names:
+            entries[path] = match[3] or ""
+        if match[2].endswith("/"):
+            folders.append(parent / match[2])
+    return entries
+
+
+def test_the_module_map_names_every_module_and_only_modules_that_exist():
+    entries = module_map()
+    assert len(entries) > 100
+    missing = [str(path) for path in entries if not (ROOT / path).exists()]
+    unlisted = []
+    for folder in sorted({path.parent for path in entries if path.suffix == ".py"}):
+        for module in sorted((ROOT / folder).glob("*.py")):
+            if module.name != "__init__.py" and folder / module.name not in entries:
+                unlisted.append(str(folder / module.name))
+        for package in sorted((ROOT / folder).glob("*/__init__.py")):
+            if folder / package.parent.name not in entries:
+                unlisted.append(str(folder / package.parent.name))
+    # A folder the map sums up in one line names its modules there, if at all.
+    for folder, description in entries.items():
+        if folder.suffix != ".py" and not any(path.parent == folder for path in entries):
+            for name in re.findall(r"\b\w+\.py\b", description):
+                if not (ROOT / folder / name).exists():
+                    missing.append(str(folder / name))
+    assert (missing, unlisted) == ([], [])
