@@ -163,3 +163,23 @@ def test_the_module_map_names_every_module_and_only_modules_that_exist():
                 if not (ROOT / folder / name).exists():
                     missing.append(str(folder / name))
     assert (missing, unlisted) == ([], [])
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_relative_link_leads_somewhere():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"\w+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path) if path else page
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
