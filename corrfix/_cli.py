@@ -263,7 +263,8 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "--log-file",
         type=Path,
         metavar="FILE",
-        help="log to FILE instead of stderr; SIGHUP re-opens it (and starts new capture files)",
+        help="log to FILE instead of stderr; SIGHUP re-opens it (and starts new capture files and "
+        "loads the TLS files anew)",
     )
     p.set_defaults(run=_run_proxy)
     return p
