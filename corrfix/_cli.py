@@ -40,6 +40,7 @@ from corrfix.proxy import (
     reopen_log_file,
     setting_sources,
     tls_config_from_args,
+    unknown_variables,
 )
 
 if TYPE_CHECKING:
@@ -424,6 +425,10 @@ def _with_config_file(
     args = parser.parse_args(argv)
     args.config = config
     args.setting_sources = setting_sources(proxy_parser, flags, env_sources, config, set(file_defaults))
+    # A typo in a variable's name would leave its setting at the default without a word.
+    args.mistyped_variables = [
+        (name, nearest) for name, nearest in unknown_variables(proxy_parser, environ) if nearest
+    ]
     if args.print_config:
         sys.stdout.write(render_effective(proxy_parser, args, args.setting_sources, environ))
     for name in ("listen", "upstream"):
@@ -576,6 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(json=args.log_json, level=args.log_level, file=getattr(args, "log_file", None))
+    for name, nearest in getattr(args, "mistyped_variables", []):
+        log.warning("variable is not a setting and is ignored", variable=name, did_you_mean=nearest)
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ._config import ProxyConfig
 from ._config_env import ENV_PREFIX, defaults_from_env
 from ._config_file import ConfigError, check_toml, defaults_from_toml
-from ._config_sources import given_on_command_line, render_effective, setting_sources
+from ._config_sources import given_on_command_line, render_effective, setting_sources, unknown_variables
 from ._connection import ProxyConnection, ProxyStats
 from ._logs import configure_logging, reopen_log_file
 from ._metrics import ProxyMetrics
@@ -48,4 +48,5 @@ __all__ = [
     "run_workers",
     "setting_sources",
     "tls_config_from_args",
+    "unknown_variables",
 ]

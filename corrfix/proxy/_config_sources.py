@@ -77,12 +77,9 @@ def render_effective(
     lines = ["# corrfix proxy: effective settings (flag > CORRFIX_ variable > --config file > default)"]
     if args.config is not None:
         lines.append(f"# --config {args.config}")
-    known = set(env_variables(subparser)) | {ENV_PREFIX + "CONFIG"}
-    for name in sorted(environ or {}):
-        if name.startswith(ENV_PREFIX) and name not in known:
-            match = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-            hint = f" (did you mean {match[0]}?)" if match else ""
-            lines.append(f"# {name} is not a setting and is ignored{hint}")
+    for name, nearest in unknown_variables(subparser, environ or {}):
+        hint = f" (did you mean {nearest}?)" if nearest else ""
+        lines.append(f"# {name} is not a setting and is ignored{hint}")
     lines.append("[proxy]")
     for dest, action in settable_actions(subparser).items():
         value = getattr(args, dest, None)
@@ -95,6 +92,20 @@ def render_effective(
         else:
             lines.append(f"{key} = {_toml(value)}  {note}")
     return "\n".join(lines) + "\n"
+
+
+def unknown_variables(
+    subparser: argparse.ArgumentParser, environ: Mapping[str, str]
+) -> list[tuple[str, str | None]]:
+    """``CORRFIX_`` variables that name no setting, each with the nearest one that does (None
+    if none is near: a variable of other tooling, such as the tests' ``CORRFIX_REQUIRE_*``)."""
+    known = set(env_variables(subparser)) | {ENV_PREFIX + "CONFIG"}
+    unknown = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            match = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            unknown.append((name, match[0] if match else None))
+    return unknown
 
 
 def _toml(value: Any) -> str:

@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from corrfix import _cli as cli
 from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix.core import Address
 from corrfix.proxy._config_env import env_name, env_variables, long_option
@@ -110,6 +111,21 @@ def test_a_bad_variable_is_a_clear_error(capsys, env, message):
 def test_other_corrfix_variables_are_not_settings():
     args = parse("proxy", "--listen", ":1", "--upstream", "h:2", env={"CORRFIX_REQUIRE_TSHARK": "1"})
     assert args.setting_sources["listen"] == "flag --listen"
+
+
+def test_a_variable_that_looks_like_a_mistyped_setting_is_named_at_start_up(monkeypatch, capsys):
+    """Not only under --print-config: a typo would leave its setting at the default unseen.
+    A variable near no setting belongs to other tooling (the tests' own) and is not named."""
+    env = {"CORRFIX_PROBE_AFTR": "0.5", "CORRFIX_REQUIRE_TSHARK": "1"}
+    args = parse("proxy", "--listen", ":1", "--upstream", "h:2", env=env)
+    assert args.mistyped_variables == [("CORRFIX_PROBE_AFTR", "CORRFIX_PROBE_AFTER")]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "_run_proxy", lambda args: 0)  # started: nothing more to see
+    assert cli.main(["proxy", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "is not a setting" in line]
+    assert len(warned) == 1
+    assert "variable=CORRFIX_PROBE_AFTR" in warned[0] and "did_you_mean=CORRFIX_PROBE_AFTER" in warned[0]
 
 
 def test_print_config_shows_each_setting_and_its_source_as_toml_that_reads_back(tmp_path):
