@@ -69,6 +69,7 @@ class Proxy:
         self._ids = itertools.count(1)
         self._ports: set[int] = set()
         self._listening = trio.CancelScope()
+        self._connections: trio.Nursery | None = None
         self.router: ClusterRouter | None = None
         if config.rewrite:
             self.router = ClusterRouter(
@@ -81,6 +82,10 @@ class Proxy:
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, or until :meth:`drain` has let every connection finish."""
         listen = self.config.listen
+        if self._listening.cancel_called:  # drained while starting (a SIGTERM): never listen
+            log.info("proxy drained before it listened")
+            task_status.started([])
+            return
         try:
             if self.config.reuse_port:
                 listeners = [self._bound_listener(listen.host, listen.port)]
@@ -142,6 +147,8 @@ class Proxy:
         self._live_changed.unpark_all()
         for connection in list(self._live):
             connection.drain()
+        if self._connections is None:  # serve() has not begun: it stops as it starts
+            return
         scope = self._connections.cancel_scope
         scope.deadline = min(scope.deadline, trio.current_time() + timeout)
 
@@ -196,6 +203,8 @@ class Proxy:
     ) -> None:
         """Accept from one listener until the proxy stops listening; each client gets a task in
         the connections' nursery, which it leaves when the engine takes the connection over."""
+        connections = self._connections
+        assert connections is not None  # started by serve(), which set it
         async with listener:
             while True:
                 try:
@@ -211,7 +220,7 @@ class Proxy:
                     )
                     await trio.sleep(ACCEPT_RETRY)
                 else:
-                    self._connections.start_soon(handler, client)
+                    connections.start_soon(handler, client)
 
     async def _handle(self, client: trio.SocketStream, node_id: int | None = None) -> None:
         if self.stats.connections_active >= self.config.max_connections or self._listening.cancel_called:

@@ -7,7 +7,8 @@
 * the upstream ApiVersions checks behind ``/readyz``;
 * ``READY=1`` to the service manager once the listeners are up;
 * :meth:`drain` (SIGTERM): ``/readyz`` turns 503 and ``STOPPING=1`` is sent *before* the
-  proxy stops accepting, so that load balancers stop sending new connections first;
+  proxy stops accepting, so that load balancers stop sending new connections first; one
+  that comes while the proxy starts stops it before it listens, and READY=1 is never sent;
 * :meth:`reload` (SIGHUP): re-open the log file, start new capture files and load the
   TLS files anew.
 """
@@ -69,6 +70,8 @@ class ProxyService:
         """Where ``/livez`` and ``/readyz`` are served, said along with every READY=1."""
         self.engine: RelayEngine | None = None
         """The relay engine of the run being served (one per process), once it started."""
+        self.draining = False
+        """Set by :meth:`drain`: STOPPING=1 was sent, so READY=1 never is again."""
 
     @classmethod
     def build(
@@ -119,6 +122,8 @@ class ProxyService:
                 )
                 nursery.start_soon(checks)
             await nursery.start(serve_proxy)
+            if self.draining:  # a SIGTERM while starting: the proxy stops without serving
+                return
             self.liveness.listening()
             notify(self._ready_message())
             self.listening.set()
@@ -130,6 +135,7 @@ class ProxyService:
 
     def drain(self, timeout: float) -> None:
         """Not ready at once, then stop accepting and let connections finish within ``timeout``."""
+        self.draining = True
         if self.readiness is not None:
             self.readiness.start_draining()
         notify(STOPPING)

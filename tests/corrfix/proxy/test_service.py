@@ -6,17 +6,21 @@ on a channel, so the test waits for events, not for time."""
 from __future__ import annotations
 
 import math
+import signal
 
 import pytest
 import trio
 import trio.testing
 
+from corrfix._cli import run_until_signalled
 from corrfix.core import Address
-from corrfix.proxy import Proxy, ProxyConfig
+from corrfix.proxy import Proxy, ProxyConfig, _service
 from corrfix.proxy._engine import current_engine
 from corrfix.proxy._health import Liveness, Readiness
 from corrfix.proxy._readiness import CheckFailed, check_upstream
 from corrfix.proxy._service import ProxyService
+from corrfix.proxy._systemd import STOPPING
+from tests.support.polling import wait_until
 
 INTERVAL = 0.1
 STALE = 30.0
@@ -154,6 +158,32 @@ async def test_livez_asks_the_engine_of_the_run_it_serves():
         engine.seconds = 0.0
         assert service.live().ok
         nursery.cancel_scope.cancel()
+
+
+async def test_a_sigterm_while_starting_stops_the_proxy_before_it_listens(monkeypatch):
+    """A SIGTERM before the listeners are up (a pod deleted as it starts): the drain found no
+    connections to give a deadline and the proxy died of it with a traceback. Now it stops
+    without listening, and tells systemd STOPPING=1 alone, never READY=1 after it."""
+    told: list[str] = []
+    monkeypatch.setattr(_service, "notify", told.append)
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 1)))
+    service = ProxyService(proxy, Liveness())
+    drained: list[bool] = []
+
+    def drain() -> None:
+        drained.append(True)
+        service.drain(5.0)
+
+    async def start_once_signalled() -> None:
+        signal.raise_signal(signal.SIGTERM)  # to the receiver run_until_signalled holds
+        await wait_until(lambda: drained)
+        await service.serve()
+
+    with trio.fail_after(10):
+        await run_until_signalled(start_once_signalled, drain=drain)
+    assert told == [STOPPING]
+    assert not service.listening.is_set()
+    assert service.live().detail["reason"] == "the proxy has stopped serving"
 
 
 @pytest.fixture
