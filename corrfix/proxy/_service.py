@@ -142,13 +142,19 @@ class ProxyService:
         self.proxy.drain(timeout)
 
     def reload(self) -> None:
-        """Re-open the log file, start new capture files and load the TLS files anew (SIGHUP)."""
-        notify(reloading())
+        """Re-open the log file, start new capture files and load the TLS files anew (SIGHUP).
+
+        systemd hears of it only while the proxy serves: READY=1 before the listeners are up
+        would say so too soon, and one after STOPPING=1 would take the stop back."""
+        serving = self.listening.is_set() and not self.draining
+        if serving:
+            notify(reloading())
         if self.reopen is not None:
             self.reopen()
         log.info("reopened log and capture files")
         self.proxy.reload_tls()
-        notify(self._ready_message())
+        if serving:
+            notify(self._ready_message())
 
     def _ready_message(self) -> str:
         """READY=1, with the endpoint: a worker's supervisor learns its port from it (the

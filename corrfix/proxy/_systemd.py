@@ -3,11 +3,11 @@
 The protocol is one datagram of ``KEY=VALUE`` lines to the unix socket named by
 ``$NOTIFY_SOCKET`` (a leading ``@`` is Linux's abstract namespace). corrfix sends
 ``READY=1`` once its listeners are up, ``STOPPING=1`` when it starts draining, and
-``RELOADING=1`` then ``READY=1`` around a SIGHUP re-opening its files. A proxy's (or a
-worker's) ``READY=1`` carries ``X_CORRFIX_ENDPOINT=HOST:PORT`` when it serves health: that is
-how a worker tells its supervisor the port the kernel gave it (systemd ignores variables it
-does not know). Without the variable nothing is sent; a failing send is logged and never
-stops the proxy.
+``RELOADING=1`` then ``READY=1`` around a SIGHUP re-opening its files (only between its
+first ``READY=1`` and ``STOPPING=1``). A proxy's (or a worker's) ``READY=1`` carries
+``X_CORRFIX_ENDPOINT=HOST:PORT`` when it serves health: that is how a worker tells its
+supervisor the port the kernel gave it (systemd ignores variables it does not know).
+Without the variable nothing is sent; a failing send is logged and never stops the proxy.
 """
 
 from __future__ import annotations

@@ -213,7 +213,8 @@ class WorkerNotifications:
     def __init__(self) -> None:
         self._receiver = NotifyReceiver()
         self._ready: set[int] = set()
-        self._announced = False
+        self.announced = False
+        """Every worker has said READY=1 (once), so the supervisor said it to systemd."""
         self.endpoints: dict[int, Address] = {}
         """Per worker pid, where it said it serves."""
 
@@ -248,8 +249,8 @@ class WorkerNotifications:
                         self.endpoints[pid] = Address.parse(line[len(prefix) :])
                     except ValueError:
                         log.warning("worker sent an unreadable endpoint", pid=pid, message=line)
-        if not self._announced and pids <= self._ready:
-            self._announced = True
+        if not self.announced and pids <= self._ready:
+            self.announced = True
             return True
         return False
 
@@ -289,8 +290,11 @@ def run_workers(
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping, stop_signal, reopen
+        # systemd hears of a reload only between READY=1 and STOPPING=1, as from one proxy.
+        serving = notifications.announced and not stopping
         if signum == signal.SIGHUP:
-            notify(reloading())
+            if serving:
+                notify(reloading())
             reopen = True  # the loop re-opens the log: a handler may interrupt a write to it
         else:
             stopping = True
@@ -305,7 +309,7 @@ def run_workers(
             process.send_signal(signum)
             if signum != signal.SIGHUP:
                 told.add(process.pid)
-        if signum == signal.SIGHUP:
+        if signum == signal.SIGHUP and serving:
             notify(READY)
 
     def started_worker(index: int) -> subprocess.Popen[bytes]:
@@ -329,7 +333,7 @@ def run_workers(
     log.info("workers started", workers=workers, pids=[p.pid for p in processes])
     restarts: collections.deque[float] = collections.deque()  # when workers were restarted
     while True:
-        if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}):
+        if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}) and not stopping:
             notify(READY)  # every worker listens
         for index, process in enumerate(processes):
             if served and endpoints[index] != "exited":

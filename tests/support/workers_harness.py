@@ -8,6 +8,8 @@ Each stand-in says READY=1, exits 0 on SIGTERM, and otherwise exits 1 after its 
 - ``loop``: every worker dies at once: a crash loop, which must stop the proxy;
 - ``sighup``: SIGHUP (a log rotation) comes while the worker is still starting, before it
   says READY=1 (a real worker handles signals only once trio runs); SIGTERM follows.
+
+What the supervisor told systemd is printed last, one message's first line each.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import corrfix.proxy._workers as workers
 MODE = sys.argv[1] if len(sys.argv) > 1 else "race"
 _popen = subprocess.Popen
 calls = 0
+told: list[str] = []  # not printed as it is told: a signal handler tells some
 
 WORKER = r"""
 import os, signal, socket, sys, time
@@ -59,10 +62,17 @@ def stand_in(command: list[str], env: dict[str, str] | None = None, **kwargs: An
     return process
 
 
+def tell_systemd(message: str, environ: object = None) -> bool:
+    told.append(message.split("\n")[0])
+    return True
+
+
 if __name__ == "__main__":
     workers.subprocess.Popen = stand_in  # type: ignore[misc]
+    workers.notify = tell_systemd
     if MODE == "occasional":
         workers.RESTART_WINDOW = 0.5
     began = time.monotonic()
     code = workers.run_workers([], 1, None)
     print(f"returned {code} after {time.monotonic() - began:.1f} s, {calls} starts", flush=True)
+    print(f"told systemd {told}", flush=True)

@@ -19,7 +19,7 @@ from corrfix.proxy._engine import current_engine
 from corrfix.proxy._health import Liveness, Readiness
 from corrfix.proxy._readiness import CheckFailed, check_upstream
 from corrfix.proxy._service import ProxyService
-from corrfix.proxy._systemd import STOPPING
+from corrfix.proxy._systemd import READY, STOPPING
 from tests.support.polling import wait_until
 
 INTERVAL = 0.1
@@ -184,6 +184,27 @@ async def test_a_sigterm_while_starting_stops_the_proxy_before_it_listens(monkey
     assert told == [STOPPING]
     assert not service.listening.is_set()
     assert service.live().detail["reason"] == "the proxy has stopped serving"
+
+
+async def test_sighup_tells_systemd_of_a_reload_only_while_the_proxy_serves(monkeypatch):
+    """SIGHUP (a log rotation) re-opens the files whenever it comes, but READY=1 before the
+    listeners are up told systemd the proxy was started too soon, and one while draining
+    came after STOPPING=1."""
+    told: list[str] = []
+    monkeypatch.setattr(_service, "notify", told.append)
+    reopened: list[bool] = []
+    proxy = Proxy(ProxyConfig(Address("127.0.0.1", 0), Address("127.0.0.1", 1)))
+    service = ProxyService(proxy, Liveness(), reopen=lambda: reopened.append(True))
+    service.reload()  # while starting
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(service.serve)
+        with trio.fail_after(20):
+            await service.listening.wait()
+        service.reload()
+        service.drain(5.0)
+        service.reload()  # while draining
+    assert len(reopened) == 3
+    assert [message.split("\n")[0] for message in told] == [READY, "RELOADING=1", READY, STOPPING]
 
 
 @pytest.fixture

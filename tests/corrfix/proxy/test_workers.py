@@ -133,9 +133,11 @@ def test_occasional_worker_deaths_are_restarted_and_a_crash_loop_stops_the_proxy
 
 def test_sighup_spares_a_worker_still_starting():
     """A worker handles signals once trio runs: until it says READY=1, SIGHUP's default action
-    would kill it (and cost a restart). It opens its files anew anyway, so it is not sent one."""
+    would kill it (and cost a restart). It opens its files anew anyway, so it is not sent one.
+    Nor is systemd told of a reload then: its READY=1 came before any worker listened."""
     out = run_harness("sighup")
     assert "restarting" not in out and "returncodes=[0]" in out, out
+    assert "told systemd ['READY=1', 'STOPPING=1']" in out, out
 
 
 class _DiesMidAnswer(socketserver.StreamRequestHandler):
