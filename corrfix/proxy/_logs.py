@@ -47,12 +47,18 @@ class ReopenableFile:
         with self._lock, contextlib.suppress(OSError, ValueError):
             self._file.flush()
 
-    def reopen(self) -> None:
-        """Close the file and open ``path`` again (a new file if it was moved away)."""
+    def reopen(self) -> OSError | None:
+        """Close the file and open ``path`` again (a new file if it was moved away); the error
+        if it cannot be opened, and the lines go on to the file in use: a log rotation gone
+        wrong (a new file corrfix may not write) must not stop the proxy at its SIGHUP."""
         with self._lock:
-            old, self._file = self._file, self._open()
+            try:
+                old, self._file = self._file, self._open()
+            except OSError as exc:
+                return exc
         with contextlib.suppress(OSError):  # its last buffered line, on a full disk
             old.close()
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -110,5 +116,11 @@ def reopen_log_file() -> bool:
     """Re-open the ``--log-file``; False when logging to stderr."""
     if _log_file is None:
         return False
-    _log_file.reopen()
+    error = _log_file.reopen()
+    if error is not None:
+        structlog.get_logger("corrfix.logs").error(
+            "cannot re-open the log file, logging on to the one in use",
+            path=str(_log_file.path),
+            error=str(error),
+        )
     return True

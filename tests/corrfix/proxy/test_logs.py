@@ -9,7 +9,7 @@ import json
 import structlog
 
 from corrfix.proxy import _logs
-from corrfix.proxy._logs import configure_logging
+from corrfix.proxy._logs import configure_logging, reopen_log_file
 from tests.support.refusing_output import RefusingOutput
 
 
@@ -28,6 +28,28 @@ def test_a_log_file_on_a_full_disk_drops_its_lines_and_goes_on_once_it_can(tmp_p
         output.close()
         _logs._log_file = None
     assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["kept"]
+
+
+def test_a_log_file_that_cannot_be_opened_anew_is_logged_and_the_old_one_kept(tmp_path):
+    """SIGHUP after a log rotation that left at the log's path something corrfix cannot open
+    (a file it may not write, here a directory): the error stopped the proxy."""
+    path = tmp_path / "proxy.log"
+    configure_logging(json=True, file=path)
+    output = _logs._log_file
+    assert output is not None
+    rotated = tmp_path / "proxy.log.1"
+    try:
+        path.rename(rotated)
+        path.mkdir()
+        assert reopen_log_file()  # must not raise
+        structlog.get_logger("corrfix.test").info("kept")
+    finally:
+        output.close()
+        _logs._log_file = None
+    failed, kept = (json.loads(line) for line in rotated.read_text().splitlines())
+    assert failed["event"] == "cannot re-open the log file, logging on to the one in use"
+    assert failed["path"] == str(path) and "Is a directory" in failed["error"]
+    assert kept["event"] == "kept"
 
 
 def test_a_closed_stderr_drops_the_lines_and_the_caller_goes_on(monkeypatch):
