@@ -187,8 +187,8 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         type=argtypes.positive,
         default=DEFAULT_READY_STALE,
         metavar="SECONDS",
-        help="/readyz fails when an upstream's last ApiVersions answer is older than this "
-        f"(default {DEFAULT_READY_STALE:g})",
+        help="/readyz fails when an upstream's last ApiVersions answer is older than this; more "
+        f"than --ready-interval (default {DEFAULT_READY_STALE:g})",
     )
     p.add_argument(
         "--workers",
@@ -436,7 +436,19 @@ def _with_config_file(
             proxy_parser.error(
                 f"--{name} is required (on the command line, as {ENV_PREFIX}{name.upper()} or in --config)"
             )
+    for conflict in setting_conflicts(args):
+        proxy_parser.error(conflict)
     return args
+
+
+def setting_conflicts(settings: argparse.Namespace) -> list[str]:
+    """Settings each valid alone that cannot work together."""
+    if settings.ready_stale <= settings.ready_interval:  # each answer goes stale before the next check
+        return [
+            f"--ready-stale ({settings.ready_stale:g} s) must be longer than --ready-interval "
+            f"({settings.ready_interval:g} s), or /readyz fails between every two checks"
+        ]
+    return []
 
 
 CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
@@ -460,13 +472,15 @@ def _run_check_config(args: argparse.Namespace) -> int:
         defaults, errors = check_toml(proxy_parser, args.file)
     except ConfigError as exc:
         errors, defaults = [str(exc)], {}
-    if not errors and defaults.get("listen") and defaults.get("upstream"):
+    if not errors:
         proxy_parser.set_defaults(**defaults)
         settings = proxy_parser.parse_args([])
-        try:
-            proxy_config_from_args(settings)
-        except (ValueError, OSError) as exc:  # e.g. a TLS file that is missing or does not match
-            errors.append(f"{args.file}: {exc}")
+        errors = [f"{args.file}: {conflict}" for conflict in setting_conflicts(settings)]
+        if not errors and defaults.get("listen") and defaults.get("upstream"):
+            try:
+                proxy_config_from_args(settings)
+            except (ValueError, OSError) as exc:  # e.g. a TLS file that is missing or does not match
+                errors.append(f"{args.file}: {exc}")
     if errors:
         for error in errors:
             print(error, file=sys.stderr)

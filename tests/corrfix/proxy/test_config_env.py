@@ -108,6 +108,17 @@ def test_a_bad_variable_is_a_clear_error(capsys, env, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_ready_stale_not_longer_than_the_ready_interval_is_refused(capsys):
+    """``CORRFIX_READY_INTERVAL=30`` with the default ``--ready-stale 15``: each answer went
+    stale 15 s before the next check, and /readyz failed half the time with a healthy broker."""
+    given = ("proxy", "--listen", ":1", "--upstream", "h:2")
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*given, env={"CORRFIX_READY_INTERVAL": "30"})
+    assert exit_info.value.code == 2
+    assert "--ready-stale (15 s) must be longer than --ready-interval (30 s)" in capsys.readouterr().err
+    assert parse(*given, "--ready-stale", "45", env={"CORRFIX_READY_INTERVAL": "30"}).ready_stale == 45
+
+
 def test_other_corrfix_variables_are_not_settings():
     args = parse("proxy", "--listen", ":1", "--upstream", "h:2", env={"CORRFIX_REQUIRE_TSHARK": "1"})
     assert args.setting_sources["listen"] == "flag --listen"

@@ -118,6 +118,18 @@ def test_check_config_accepts_a_partial_file_and_says_what_must_come_from_elsewh
     assert "--listen and --upstream to come from flags or CORRFIX_ variables" in result.stdout
 
 
+def test_check_config_refuses_what_the_proxy_refuses_to_start_with(tmp_path, capsys):
+    """``ready-interval = 30`` alone was valid to check-config, and the proxy refused to start."""
+    file = tmp_path / "c.toml"
+    file.write_text('listen = "h:1"\nupstream = "h:2"\nready-interval = 30\n')
+    conflict = "--ready-stale (15 s) must be longer than --ready-interval (30 s)"
+    with pytest.raises(SystemExit):
+        parse("proxy", "--config", str(file))
+    assert conflict in capsys.readouterr().err
+    result = check_config(file)
+    assert result.returncode == 1 and conflict in result.stderr
+
+
 def test_check_config_reports_an_unreadable_file(tmp_path):
     result = check_config(tmp_path / "absent.toml")
     assert result.returncode == 1 and "cannot read config" in result.stderr
