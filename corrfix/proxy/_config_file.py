@@ -88,9 +88,12 @@ def convert_setting(action: argparse.Action, value: Any, key: str) -> Any:
 
     def one(item: Any) -> Any:
         convert = action.type
-        if callable(convert) and isinstance(item, str):
+        # A TOML number goes through the flag's checks as its text: 0 is no more a valid
+        # --ready-interval in a file than on the command line.
+        text = str(item) if isinstance(item, int | float) and not isinstance(item, bool) else item
+        if callable(convert) and isinstance(text, str):
             try:
-                item = convert(item)
+                item = convert(text)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise ConfigError(f"{key} = {item!r}: {exc}") from exc
         if action.choices is not None and item not in action.choices:

@@ -133,3 +133,21 @@ def test_check_config_refuses_what_the_proxy_refuses_to_start_with(tmp_path, cap
 def test_check_config_reports_an_unreadable_file(tmp_path):
     result = check_config(tmp_path / "absent.toml")
     assert result.returncode == 1 and "cannot read config" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("ready-interval = 0", "ready-interval = 0: must be > 0"),
+        ("capture-queue-rows = 0", "capture-queue-rows = 0: must be >= 1"),
+        ("broker-port-base = 1.5", "broker-port-base = 1.5: invalid literal for int()"),
+    ],
+)
+def test_a_number_in_the_file_is_checked_as_the_flag_checks_it(tmp_path, setting, message):
+    """Only text was checked, so a TOML number passed untouched what the flag refuses:
+    ``ready-interval = 0`` ran the upstream checks in a loop at 100 % CPU, never ready."""
+    file = tmp_path / "c.toml"
+    file.write_text(f'listen = "h:1"\nupstream = "h:2"\n{setting}\n')
+    result = check_config(file)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert parse("proxy", "--config", str(EXAMPLE)).drain_timeout == 30.0  # numbers still read
