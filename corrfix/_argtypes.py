@@ -12,14 +12,26 @@ import math
 _UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
 
-def count(text: str) -> int:
-    """A whole number, 0 meaning off."""
+def _whole(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def count(text: str) -> int:
+    """A whole number, 0 meaning off."""
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 (off) or a positive count, got {value}")
+    return value
+
+
+def at_least_one(text: str) -> int:
+    """A whole number above zero (processes to run), where 0 or less would mean nothing."""
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 

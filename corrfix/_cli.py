@@ -192,7 +192,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=argtypes.at_least_one,
         default=1,
         metavar="N",
         help="run N proxy processes sharing the listen ports (SO_REUSEPORT); a connection lives in "
@@ -241,13 +241,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     limits.add_argument(
         "--connect-retries",
-        type=int,
+        type=argtypes.count,
         default=relay_defaults.connect_retries,
         help=f"upstream connect retries, with backoff (default {relay_defaults.connect_retries})",
     )
     limits.add_argument(
         "--drain-timeout",
-        type=float,
+        type=argtypes.seconds,
         default=DRAIN_TIMEOUT,
         metavar="SECONDS",
         help="on SIGTERM, stop accepting and let outstanding requests finish this long; "

@@ -119,6 +119,28 @@ def test_a_ready_stale_not_longer_than_the_ready_interval_is_refused(capsys):
     assert parse(*given, "--ready-stale", "45", env={"CORRFIX_READY_INTERVAL": "30"}).ready_stale == 45
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CORRFIX_CONNECT_RETRIES", "-1", "expected 0 (off) or a positive count, got -1"),
+        ("CORRFIX_WORKERS", "0", "must be >= 1, got 0"),
+        ("CORRFIX_DRAIN_TIMEOUT", "-1", "expected a non-negative number of seconds"),
+        ("CORRFIX_DRAIN_TIMEOUT", "nan", "expected a non-negative number of seconds"),
+    ],
+)
+def test_counts_and_timeouts_that_cannot_work_are_refused(capsys, variable, value, message):
+    """Accepted before, and then: ``--connect-retries -1`` (read as "for ever") closed every
+    client at once without a log line, ``--workers 0`` ran one process without a word,
+    ``--drain-timeout -1`` closed every connection at SIGTERM and ``nan`` never did."""
+    option = "--" + variable.removeprefix("CORRFIX_").lower().replace("_", "-")
+    given = ("proxy", "--listen", ":1", "--upstream", "h:2")
+    for flag, env in (((option, value), {}), ((), {variable: value})):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(*given, *flag, env=env)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
 def test_other_corrfix_variables_are_not_settings():
     args = parse("proxy", "--listen", ":1", "--upstream", "h:2", env={"CORRFIX_REQUIRE_TSHARK": "1"})
     assert args.setting_sources["listen"] == "flag --listen"
