@@ -422,6 +422,10 @@ def _with_config_file(
     flags = given_on_command_line(parser, proxy_parser, argv)
     proxy_parser.set_defaults(**file_defaults)
     proxy_parser.set_defaults(**env_defaults)
+    # A repeatable flag replaces the variable's or the file's list, as any flag replaces their
+    # value: argparse would append to it.
+    lists = [a.dest for a in proxy_parser._actions if isinstance(a, argparse._AppendAction)]
+    proxy_parser.set_defaults(**{dest: [] for dest in lists if dest in flags})
     args = parser.parse_args(argv)
     args.config = config
     args.setting_sources = setting_sources(proxy_parser, flags, env_sources, config, set(file_defaults))

@@ -92,6 +92,19 @@ def test_flag_beats_variable_beats_file_beats_default(tmp_path):
     assert sources["request_deadline"] == "default"
 
 
+def test_a_repeatable_flag_replaces_the_variable_s_list_and_the_file_s(tmp_path):
+    """``--broker-port`` given as a flag was appended to ``CORRFIX_BROKER_PORT``'s (or the
+    file's) list, which ``--print-config`` then said came from the flag."""
+    file = tmp_path / "c.toml"
+    file.write_text('listen = "127.0.0.1:1"\nupstream = "h:2"\nbroker-port = ["1=9001"]\n')
+    given = ("proxy", "--config", str(file), "--broker-port", "3=9003")
+    for env in ({"CORRFIX_BROKER_PORT": "1=9001,2=9002"}, {}):
+        args = parse(*given, env=env)
+        assert args.broker_port == [(3, 9003)]
+        assert args.setting_sources["broker_port"] == "flag --broker-port"
+    assert parse("proxy", "--config", str(file)).broker_port == [(1, 9001)]
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
