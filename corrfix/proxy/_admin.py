@@ -3,11 +3,13 @@
 ``--metrics HOST:PORT`` serves all three, ``--admin HOST:PORT`` the two health endpoints.
 A stdlib WSGI server in a daemon thread, as prometheus-client's own ``start_http_server``
 is, with prometheus-client's WSGI app behind ``/metrics``; the health endpoints answer
-200 or 503 with a JSON body that says why (see :mod:`corrfix.proxy._health`).
+200 or 503 with a JSON body that says why (see :mod:`corrfix.proxy._health`). A client that
+stays silent is closed after ``REQUEST_TIMEOUT``, so that its thread ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
 import threading
@@ -24,6 +26,9 @@ from corrfix.proxy._health import Verdict
 LIVEZ = "/livez"
 READYZ = "/readyz"
 METRICS = "/metrics"
+REQUEST_TIMEOUT = 10.0
+"""Seconds a client may take over each read of its request and write of the answer: one that
+sends nothing (a half-open connection, a port scan) would hold its thread and socket for ever."""
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
@@ -64,11 +69,16 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Probes every few seconds would flood the log."""
 
+    def handle(self) -> None:
+        """A client past its time (``timeout``, set per server) is closed without a traceback."""
+        with contextlib.suppress(TimeoutError):
+            super().handle()
+
 
 class AdminServer:
     """One admin listener, served from a daemon thread until :meth:`close`."""
 
-    def __init__(self, address: Address, app: AdminApp) -> None:
+    def __init__(self, address: Address, app: AdminApp, request_timeout: float = REQUEST_TIMEOUT) -> None:
         family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
 
         class Server(socketserver.ThreadingMixIn, WSGIServer):
@@ -76,7 +86,10 @@ class AdminServer:
             daemon_threads = True
             allow_reuse_address = True
 
-        self._server = make_server(address.host, address.port, app, Server, _QuietHandler)
+        class Handler(_QuietHandler):
+            timeout = request_timeout
+
+        self._server = make_server(address.host, address.port, app, Server, Handler)
         host, port = self._server.server_address[:2]
         self.address = Address(str(host), int(port))
         self._thread = threading.Thread(target=self._server.serve_forever, name="corrfix-admin", daemon=True)

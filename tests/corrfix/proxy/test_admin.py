@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from corrfix._netutil import free_port, free_ports
+from corrfix.core import Address
 from corrfix.lab import CorrfixProcess, workload
+from corrfix.proxy._admin import AdminApp, AdminServer
+from corrfix.proxy._health import Verdict
 from tests.support.health import held_fetch, probe, wait_for, wait_for_draining, wait_for_status
 
 pytestmark = pytest.mark.broker
@@ -207,3 +210,20 @@ def test_a_metrics_port_in_use_stops_the_workers_before_they_start():
         )
     assert result.returncode == 2
     assert "cannot start" in result.stderr and "workers started" not in result.stderr
+
+
+def test_a_client_that_sends_no_request_is_closed_in_time():
+    """Every client of the admin listener has a thread: one that connected and sent nothing
+    (a half-open connection, a port scan) held it and its socket for as long as the proxy ran."""
+
+    def live() -> Verdict:
+        return Verdict(True, {"live": True})
+
+    server = AdminServer(Address("127.0.0.1", 0), AdminApp(live, live), request_timeout=0.2)
+    try:
+        with socket.create_connection((server.address.host, server.address.port)) as idle:
+            idle.settimeout(10)  # a hang guard: the server closes it after 0.2 s
+            assert idle.recv(1) == b""
+        assert probe(f"http://{server.address}/livez") == (200, {"live": True})
+    finally:
+        server.close()
