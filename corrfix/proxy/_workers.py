@@ -380,4 +380,10 @@ def run_workers(
     notifications.close()
     codes = [p.returncode for p in processes]
     log.info("workers stopped", returncodes=codes)
-    return max((abs(code) for code in codes if code), default=0)
+    # A worker still starting dies of the stop signal it is sent (it handles signals once trio
+    # runs): it stopped as asked, which is no failure for the supervisor to exit with.
+    stopped = {-signal.SIGTERM, -signal.SIGINT}
+    failed = [
+        code for p, code in zip(processes, codes, strict=True) if code not in stopped or p.pid not in told
+    ]
+    return max((abs(code) for code in failed if code), default=0)
