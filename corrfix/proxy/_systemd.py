@@ -12,12 +12,10 @@ Without the variable nothing is sent; a failing send is logged and never stops t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import socket
 import struct
-import tempfile
 import time
 from collections.abc import Mapping
 
@@ -71,15 +69,15 @@ def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
 class NotifyReceiver:
     """The receiving end of the protocol, for a supervisor between systemd and its workers.
 
-    A datagram socket in a private directory; with ``SO_PASSCRED`` the kernel tells which
-    process sent each message.
+    A datagram socket in Linux's abstract namespace, named by the kernel (autobind): no file,
+    so a read-only root file system without a /tmp does not stop ``--workers``; with
+    ``SO_PASSCRED`` the kernel tells which process sent each message.
     """
 
     def __init__(self) -> None:
-        self._directory = tempfile.mkdtemp(prefix="corrfix-notify-")
-        self.path = os.path.join(self._directory, "notify")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self._sock.bind(self.path)
+        self._sock.bind("")  # autobind: a unique abstract name
+        self.path = "@" + self._sock.getsockname()[1:].decode()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
 
     def receive(self, timeout: float) -> list[tuple[int | None, list[str]]]:
@@ -102,6 +100,3 @@ class NotifyReceiver:
 
     def close(self) -> None:
         self._sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-            os.rmdir(self._directory)

@@ -35,7 +35,8 @@ signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
 time.sleep(float(sys.argv[2]))  # starting: SIGHUP's default action still applies
 path = os.environ.get("NOTIFY_SOCKET")
 if path:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.connect(path); s.sendall(b"READY=1")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.connect(path.replace("@", "\0", 1))
+    s.sendall(b"READY=1")
 life = float(sys.argv[1])
 end = time.monotonic() + life if life >= 0 else float("inf")
 while time.monotonic() < end:

@@ -7,6 +7,7 @@ import os
 import socketserver
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def test_a_worker_that_exited_is_forgotten_and_its_late_messages_dropped():
         assert notify(f"{READY}\n{endpoint(Address('127.0.0.1', 4321))}", environment)
         notifications.wait_ready(5.0, {me + 1})  # read while the exited pid is no worker's
         assert notifications.endpoints == {} and not notifications.said_ready(me)
+    finally:
+        notifications.close()
+
+
+def test_the_workers_notify_the_supervisor_without_a_temporary_directory(monkeypatch, tmp_path):
+    """Their notify socket was a file in a directory made under /tmp: on a read-only root file
+    system (the Kubernetes example's) ``--workers`` died of a traceback as it started."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
+    notifications = WorkerNotifications()
+    try:
+        assert notify(READY, notifications.worker_environment())
+        assert notifications.wait_ready(5.0, {os.getpid()})
     finally:
         notifications.close()
 
