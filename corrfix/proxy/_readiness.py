@@ -22,7 +22,7 @@ from corrfix.proxy._tls import TlsConfig, connect_upstream
 from protocol import (
     ApiKey,
     FrameDecoder,
-    FrameSizeError,
+    ProtocolError,
     request_class,
     response_class,
     response_correlation_id,
@@ -101,7 +101,7 @@ async def check_upstream(upstream: Address, tls: TlsConfig | None, timeout: floa
                     return check_api_versions_answer(frames[0])
     except (trio.BrokenResourceError, OSError) as exc:
         raise CheckFailed(f"connection broken: {exc}") from exc
-    except FrameSizeError as exc:
+    except ProtocolError as exc:  # a bad frame size, or a frame too short for a header
         raise CheckFailed(f"not a Kafka answer: {exc}") from exc
     finally:
         await trio.aclose_forcefully(stream)

@@ -95,6 +95,19 @@ async def test_a_peer_that_is_not_kafka():
             await check_upstream(upstream, None, 5.0)
 
 
+async def answer_an_empty_frame(stream):
+    await stream.receive_some(100)
+    await stream.send_all(b"\0\0\0\0")  # a frame too short to hold a correlation id
+
+
+async def test_a_peer_whose_answer_has_no_header_fails_the_check():
+    """The answer's ProtocolError escaped the check, and the proxy it ran in stopped with it."""
+    async with trio.open_nursery() as nursery:
+        upstream = await nursery.start(serve_once, answer_an_empty_frame)
+        with pytest.raises(CheckFailed, match="not a Kafka answer: response frame of 0 bytes has no header"):
+            await check_upstream(upstream, None, 5.0)
+
+
 async def test_a_peer_that_never_answers_times_out(autojump_clock):
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_once, never_answer)
