@@ -312,25 +312,41 @@ def run_workers(
         if signum == signal.SIGHUP and serving:
             notify(READY)
 
-    def started_worker(index: int) -> subprocess.Popen[bytes]:
-        """Start a worker; one that a stop signal missed while it started is told now."""
+    def start_worker(index: int) -> bool:
+        """Start worker ``index``, new or in place of a dead one; one that a stop signal missed
+        while it started is told now. False if no process could be made (fork out of memory or
+        of process slots): the caller tries again later, or stops."""
         started[index] = time.monotonic()
-        process = subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # the check and the send, in one step
         try:
+            process = subprocess.Popen(command, env=notifications.worker_environment(endpoint_kind))
+        except OSError as exc:
+            log.error("cannot start a worker", worker=index, error=str(exc))
+            return False
+        # The list and the check in one step: a stop signal handled before it is seen here, one
+        # handled after it finds the process in the list.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+        try:
+            if index < len(processes):
+                processes[index] = process
+            else:
+                processes.append(process)
             if stop_signal is not None and process.pid not in told:
                 process.send_signal(stop_signal)
                 told.add(process.pid)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        return process
+        return True
 
     # Before the first worker starts: a signal from then on is forwarded, never the default.
     for signum in _FORWARDED:
         signal.signal(signum, forward)
+    start_failed = False
     for index in range(workers):
-        processes.append(started_worker(index))
-    log.info("workers started", workers=workers, pids=[p.pid for p in processes])
+        if not start_worker(index):  # the workers started are stopped, and so is the proxy
+            start_failed = True
+            forward(signal.SIGTERM, None)
+            break
+    log.info("workers started", workers=len(processes), pids=[p.pid for p in processes])
     restarts: collections.deque[float] = collections.deque()  # when workers were restarted
     while True:
         if notifications.wait_ready(POLL_INTERVAL, {p.pid for p in processes}) and not stopping:
@@ -376,7 +392,7 @@ def run_workers(
             notifications.forget(process.pid)
             if served:
                 endpoints[index] = "starting"
-            processes[index] = started_worker(index)
+            start_worker(index)  # if it fails, the dead one stays and the next pass tries again
     notifications.close()
     codes = [p.returncode for p in processes]
     log.info("workers stopped", returncodes=codes)
@@ -386,4 +402,4 @@ def run_workers(
     failed = [
         code for p, code in zip(processes, codes, strict=True) if code not in stopped or p.pid not in told
     ]
-    return max((abs(code) for code in failed if code), default=0)
+    return max((abs(code) for code in failed if code), default=2 if start_failed else 0)

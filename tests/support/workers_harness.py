@@ -7,13 +7,17 @@ Each stand-in says READY=1, exits 0 on SIGTERM, and otherwise exits 1 after its 
   crash loop. The harness stops the supervisor itself after 14 restarts;
 - ``loop``: every worker dies at once: a crash loop, which must stop the proxy;
 - ``sighup``: SIGHUP (a log rotation) comes while the worker is still starting, before it
-  says READY=1 (a real worker handles signals only once trio runs); SIGTERM follows.
+  says READY=1 (a real worker handles signals only once trio runs); SIGTERM follows;
+- ``refused``: the first worker dies, and its replacement cannot be made once (fork out of
+  process slots); the next try works, and SIGTERM follows;
+- ``nofork``: no worker can be made at all.
 
 What the supervisor told systemd is printed last, one message's first line each.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -48,7 +52,12 @@ sys.exit(1)
 def stand_in(command: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[bytes]:
     global calls
     calls += 1
-    life = {"race": "0.3" if calls == 1 else "-1", "occasional": "0.3", "loop": "0", "sighup": "-1"}[MODE]
+    if (MODE == "refused" and calls == 2) or MODE == "nofork":
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    lives = {"race": "0.3" if calls == 1 else "-1", "refused": "0.3" if calls == 1 else "-1"}
+    life = {"occasional": "0.3", "loop": "0", "sighup": "-1", **lives}[MODE]
+    if MODE == "refused" and calls == 3:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     ready_after = "0"
     if MODE == "sighup":
         ready_after = "1.0"

@@ -146,6 +146,18 @@ def test_occasional_worker_deaths_are_restarted_and_a_crash_loop_stops_the_proxy
     assert "keeps dying" in loop, loop
 
 
+def test_a_worker_that_cannot_be_made_is_tried_again_and_none_at_all_stops_the_proxy():
+    """fork failing (out of memory or process slots) raised out of the supervisor: the
+    workers already running were left without it, undrained. A restart is tried again on
+    the next pass; a proxy whose first workers cannot be made stops, with status 2."""
+    out = run_harness("refused")
+    assert "cannot start a worker" in out and "3 starts" in out, out
+    assert "returned 0 after" in out and "Traceback" not in out, out
+    out = run_harness("nofork")
+    assert "cannot start a worker" in out and "returned 2 after" in out, out
+    assert "Traceback" not in out, out
+
+
 def test_sighup_spares_a_worker_still_starting():
     """A worker handles signals once trio runs: until it says READY=1, SIGHUP's default action
     would kill it (and cost a restart). It opens its files anew anyway, so it is not sent one.
