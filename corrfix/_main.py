@@ -9,6 +9,7 @@ to :func:`corrfix._cli.main`.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:2] == ["capture", "import-pcap"]:
         return _import_pcap(args)
+    if args[:1] == ["proxy"] and argv is None:
+        # Until the proxy handles SIGHUP (a reload), its default action would end the process
+        # while it starts, and systemd counts death by SIGHUP as clean: no restart follows.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from corrfix._cli import main as full_command_line
 
     return full_command_line(argv)

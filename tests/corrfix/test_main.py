@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from corrfix._cli import main as full_command_line
@@ -55,3 +58,38 @@ def test_import_pcap_writes_what_the_full_command_line_writes(tmp_path, capsys):
         files = {p.name: p.read_bytes() for p in sorted((tmp_path / out).glob("*.arrows"))}
         outputs.append((stats, files))
     assert outputs[0] == outputs[1]
+
+
+def _ignores_sighup(pid: int) -> bool:
+    """Whether the process ignores SIGHUP now (``SigIgn`` in /proc: bit 0 is signal 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & 1 << (signal.SIGHUP - 1))
+    return False
+
+
+def test_a_sighup_while_the_proxy_starts_is_ignored_not_its_end():
+    """A reload (logrotate, ``systemctl reload``) during the second or so of imports ended the
+    process: SIGHUP's default action, which systemd counts as a clean exit, so no restart."""
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "corrfix", "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    guard = threading.Timer(30, proxy.kill)  # bounds the blocking reads below
+    guard.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not _ignores_sighup(proxy.pid):  # from main() on, until the proxy handles it
+            assert proxy.poll() is None and time.monotonic() < deadline, "SIGHUP was never ignored"
+            time.sleep(0.001)  # the poll's interval: the window it looks for lasts the imports
+        proxy.send_signal(signal.SIGHUP)
+        assert proxy.stderr is not None
+        started = any("proxy listening" in line for line in proxy.stderr)
+        assert started and proxy.poll() is None, "the proxy died of SIGHUP while it started"
+        proxy.send_signal(signal.SIGTERM)
+        assert proxy.wait(timeout=20) == 0
+    finally:
+        guard.cancel()
+        proxy.kill()
+        proxy.wait()
