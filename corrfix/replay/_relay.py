@@ -72,23 +72,35 @@ class CausalGate:
     Captured responses are numbered in capture-time order; a request needs the first ``k``
     of them, where ``k`` counts those captured before it was sent. Settled means answered,
     given up on, or never to be sent.
+
+    Times are the capture's wall clock, which can step back (NTP) mid-capture; read as is,
+    a request could then wait for the answer to a request sent after it on its own
+    connection, forever. So a request's time is never earlier than its connection's
+    previous ones, nor an answer's than its request's: waiting then only ever points
+    back in time, and no request can wait on itself.
     """
 
     def __init__(self, requests: list[PlannedRequest]) -> None:
-        answered = [r for r in requests if r.captured_response_ns is not None]
-        gated = sorted(
-            (r for r in answered if r.expects_response and not r.truncated),
-            key=lambda r: (r.captured_response_ns, r.index),
-        )
-        self._times = [r.captured_response_ns for r in gated]
-        self._position = {r.index: i for i, r in enumerate(gated)}
+        self._sent_ns: dict[int, int] = {}
+        latest: dict[str, int] = {}
+        for r in requests:  # each connection's requests in their order
+            latest[r.connection_id] = max(r.wall_ns, latest.get(r.connection_id, r.wall_ns))
+            self._sent_ns[r.index] = latest[r.connection_id]
+        answered = {
+            r.index: max(r.captured_response_ns, self._sent_ns[r.index])
+            for r in requests
+            if r.captured_response_ns is not None and r.expects_response and not r.truncated
+        }
+        gated = sorted(answered, key=lambda index: (answered[index], index))
+        self._times = [answered[index] for index in gated]
+        self._position = {index: i for i, index in enumerate(gated)}
         self._settled = [False] * len(gated)
         self._prefix = 0  # the first _prefix responses are all settled
         self._waiters: list[tuple[int, int, trio.Event]] = []
         self._order = itertools.count()
 
     def needed(self, request: PlannedRequest) -> int:
-        return bisect.bisect_left(self._times, request.wall_ns)
+        return bisect.bisect_left(self._times, self._sent_ns.get(request.index, request.wall_ns))
 
     async def wait(self, request: PlannedRequest) -> None:
         needed = self.needed(request)
