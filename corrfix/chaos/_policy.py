@@ -377,7 +377,12 @@ class ConnectionChaos:
 
     def broker_data(self, data: BytesLike) -> list[tuple[bytearray, Decision]]:
         """Bytes from the broker; every response frame they complete, with its decision."""
-        return [(frame, self.response(frame)) for frame in self._response_decoder.feed(data)]
+        return [(frame, self.response(frame)) for frame in self.broker_frames(data)]
+
+    def broker_frames(self, data: BytesLike) -> list[bytearray]:
+        """Bytes from the broker; the response frames they complete, not yet decided, so a
+        caller can stop deciding (and counting) where a kill ends the connection."""
+        return self._response_decoder.feed(data)
 
     def request(self, frame: BytesLike) -> None:
         """One whole request frame (size prefix included) on its way to the broker."""

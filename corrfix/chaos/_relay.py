@@ -149,7 +149,9 @@ class _Connection:
                     self.log.debug("chaos.broker_eof")
                     return
                 batch: list[bytearray] = []
-                for frame, decision in self.chaos.broker_data(data):
+                for frame in self.chaos.broker_frames(data):
+                    # Decided one by one: the frames behind a kill are never sent, nor counted.
+                    decision = self.chaos.response(frame)
                     action = decision.action
                     if action is Action.FORWARD:
                         batch.append(frame)

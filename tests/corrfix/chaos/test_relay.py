@@ -285,6 +285,20 @@ async def test_kill_every_closes_both_sides_after_the_nth_response(nursery):
     assert [entry["correlation_id"] for entry in logs if entry["event"] == "chaos.kill"] == [3]
 
 
+async def test_responses_behind_a_kill_are_neither_counted_nor_killed_again(nursery):
+    """Four answers reach the relay at once; the 2nd kills the connection, so the 3rd and
+    4th never reach the client: they count as nothing, and the one kill counts once."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(nursery)
+        relay = await start_relay(nursery, broker.port, kill_every=2)
+        client = await Client.connect(nursery, relay.port)
+        await client.send(*(api_versions_request(i) for i in range(1, 5)))
+        assert await client.until_eof() == [1, 2]
+        counts = relay.policy.counts[ApiKey.API_VERSIONS]
+        assert (counts.responses, counts.forwarded, counts.kills) == (2, 2, 1)
+        assert relay.policy.total_responses == 2
+
+
 async def test_acks0_stray_reply_counts_as_unknown(nursery):
     with trio.fail_after(TIMEOUT):
         broker = await start_broker(nursery, reply_to_acks0=True)
