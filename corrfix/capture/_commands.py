@@ -7,7 +7,9 @@ Usage from ``corrfix/cli.py``::
 
 Each subcommand sets ``run(args) -> int``, as the other commands do. Their output is made
 to be piped: a reader that goes away early (``| head``) ends the command quietly with the
-status a SIGPIPE gives (141), not with a BrokenPipeError traceback.
+status a SIGPIPE gives (141), not with a BrokenPipeError traceback. A capture ``info`` or
+``pcapng`` cannot read (a foreign or newer ``*.arrows`` file in the directory) or a file it
+cannot write ends it with one line on stderr and status 2, as ``replay`` does.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import sys
 from collections.abc import Callable
 
 from corrfix.capture._info import add_info_arguments, run_info
+from corrfix.capture.format import CaptureFormatError
 from corrfix.capture.pcap import add_import_command, add_pcapng_arguments, run_pcapng
 
 Run = Callable[[argparse.Namespace], int]
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+EXIT_UNREADABLE = 2
 
 
 def quiet_when_piped(run: Run) -> Run:
@@ -45,6 +49,23 @@ def quiet_when_piped(run: Run) -> Run:
     return piped
 
 
+def reporting_unreadable(run: Run) -> Run:
+    """``run``, saying in one line why a capture could not be read or its output written:
+    an operator gets the file to look at, not a traceback."""
+
+    @functools.wraps(run)
+    def reporting(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except BrokenPipeError:
+            raise  # stdout's reader went away: quiet_when_piped ends the command
+        except (OSError, CaptureFormatError) as exc:
+            print(f"corrfix: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+
+    return reporting
+
+
 def add_capture_commands(
     capture_subparsers: argparse._SubParsersAction,
 ) -> dict[str, argparse.ArgumentParser]:
@@ -55,7 +76,7 @@ def add_capture_commands(
         description="Summarise a capture directory written by corrfix proxy --capture-dir.",
     )
     add_info_arguments(info)
-    info.set_defaults(run=run_info)
+    info.set_defaults(run=reporting_unreadable(run_info))
     pcapng = capture_subparsers.add_parser(
         "pcapng",
         help="export a capture as pcapng for Wireshark (both sides, repair events as comments)",
@@ -64,7 +85,7 @@ def add_capture_commands(
         "tshark -d tcp.port==PORT,kafka.",
     )
     add_pcapng_arguments(pcapng)
-    pcapng.set_defaults(run=run_pcapng)
+    pcapng.set_defaults(run=reporting_unreadable(run_pcapng))
     commands = {"info": info, "pcapng": pcapng, "import-pcap": add_import_command(capture_subparsers)}
     for parser in commands.values():
         parser.set_defaults(run=quiet_when_piped(parser.get_default("run")))
