@@ -117,10 +117,11 @@ class CaptureFormatError(ValueError):
 
 
 def capture_files(path: Path) -> list[Path]:
-    """The capture files of a directory (or the single file given), oldest first by name."""
+    """The capture files of a directory (or the single file given), oldest first by name. By
+    the name, not the path: an older file moved into a folder below is still read first."""
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file())
+    return sorted((p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file()), key=lambda p: (p.name, p))
 
 
 def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:

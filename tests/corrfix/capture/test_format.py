@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from corrfix.capture import read_capture
+from corrfix.capture import CaptureWriter, capture_files, read_capture
 from corrfix.capture.format import CAPTURE_SCHEMA, FILE_SUFFIX, Source, schema_for
+from protocol import ApiKey
+from protocol.testing import request_frame
+from tests.support.capture_shell import Shell
 
 
 def test_columns_added_at_the_end_do_not_break_reading(tmp_path):
@@ -23,3 +26,19 @@ def test_columns_added_at_the_end_do_not_break_reading(tmp_path):
             w.write_batch(data)
     table = read_capture(tmp_path)
     assert table.schema.names == CAPTURE_SCHEMA.names and table.num_rows == 2
+
+
+def test_files_moved_into_a_subdirectory_are_read_in_name_order(tmp_path):
+    """The contract's order is by file name: an older file moved below the directory (an
+    ``old/`` folder) is still read before the newer ones, so each connection stays in seq order."""
+    with CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0) as writer:
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+    first, *newer = writer.stats.files
+    assert newer
+    (tmp_path / "old").mkdir()
+    first.rename(tmp_path / "old" / first.name)
+    assert [path.name for path in capture_files(tmp_path)] == sorted(p.name for p in writer.stats.files)
+    assert read_capture(tmp_path).column("seq").to_pylist() == [0, 1, 2, 3]
