@@ -35,6 +35,14 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535."""
+    value = _whole(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {value}")
+    return value
+
+
 def probability(text: str) -> float:
     try:
         value = float(text)

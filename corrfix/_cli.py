@@ -77,7 +77,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("--upstream", type=Address.parse, metavar="HOST:PORT", help="the bootstrap broker")
     p.add_argument(
         "--probe-after",
-        type=float,
+        type=argtypes.positive,
         default=defaults.probe_after,
         metavar="SECONDS",
         help="longest wait for the oldest answer before a probe is sent; Fetch adds its max_wait_ms "
@@ -85,7 +85,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     p.add_argument(
         "--probe-min",
-        type=float,
+        type=argtypes.positive,
         default=defaults.probe_min,
         metavar="SECONDS",
         help="shortest adaptive probe timeout, learned per api key from observed latency "
@@ -93,13 +93,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     p.add_argument(
         "--max-requeues",
-        type=int,
+        type=argtypes.count,
         default=defaults.max_requeues,
         help=f"re-sends of one request before its client is disconnected (default {defaults.max_requeues})",
     )
     p.add_argument(
         "--request-deadline",
-        type=float,
+        type=argtypes.positive,
         default=defaults.request_deadline,
         metavar="SECONDS",
         help="disconnect a client whose request is unanswered this long "
@@ -107,13 +107,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     p.add_argument(
         "--max-outstanding",
-        type=int,
+        type=argtypes.at_least_one,
         default=defaults.max_outstanding,
         help=f"unanswered requests per connection before reading pauses (default {defaults.max_outstanding})",
     )
     p.add_argument(
         "--max-held-bytes",
-        type=int,
+        type=argtypes.positive_size,
         default=defaults.max_held_bytes,
         help="bytes of out-of-order answers held per connection before reading pauses "
         f"(default {defaults.max_held_bytes})",
@@ -151,7 +151,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     cluster.add_argument(
         "--broker-port-base",
-        type=int,
+        type=argtypes.port,
         metavar="PORT",
         help="brokers without --broker-port get PORT + node id (default: any free port)",
     )
@@ -210,13 +210,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     limits = p.add_argument_group("limits")
     limits.add_argument(
         "--max-connections",
-        type=int,
+        type=argtypes.at_least_one,
         default=relay_defaults.max_connections,
         help=f"client connections beyond this are closed at once (default {relay_defaults.max_connections})",
     )
     limits.add_argument(
         "--idle-timeout",
-        type=float,
+        type=argtypes.positive,
         default=relay_defaults.idle_timeout,
         metavar="SECONDS",
         help="close a connection with nothing outstanding and no traffic this long "
@@ -224,7 +224,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     limits.add_argument(
         "--frame-timeout",
-        type=float,
+        type=argtypes.positive,
         default=relay_defaults.frame_timeout,
         metavar="SECONDS",
         help="close a client whose request frame stays incomplete this long (slowloris) "
@@ -232,7 +232,7 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     limits.add_argument(
         "--close-linger",
-        type=float,
+        type=argtypes.seconds,
         default=relay_defaults.close_linger,
         metavar="SECONDS",
         help="after a client leaves, every request it sent is passed on and the broker side "
@@ -253,8 +253,15 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="on SIGTERM, stop accepting and let outstanding requests finish this long; "
         f"SIGINT or a second SIGTERM stops at once (default {DRAIN_TIMEOUT:g})",
     )
-    p.add_argument("--max-frame-size", type=int, default=relay_defaults.max_frame_size, metavar="BYTES")
-    p.add_argument("--connect-timeout", type=float, default=relay_defaults.connect_timeout, metavar="SECONDS")
+    p.add_argument(
+        "--max-frame-size",
+        type=argtypes.positive_size,
+        default=relay_defaults.max_frame_size,
+        metavar="BYTES",
+    )
+    p.add_argument(
+        "--connect-timeout", type=argtypes.positive, default=relay_defaults.connect_timeout, metavar="SECONDS"
+    )
     from corrfix.capture._options import add_capture_arguments
 
     add_capture_arguments(p)
@@ -305,7 +312,7 @@ def _node_port(text: str) -> tuple[int, int]:
     node, sep, port = text.partition("=")
     if not sep or not node.strip().lstrip("-").isdigit() or not port.strip().isdigit():
         raise argparse.ArgumentTypeError(f"expected NODE=PORT, got {text!r}")
-    return int(node), int(port)
+    return int(node), argtypes.port(port)
 
 
 def _run_proxy(args: argparse.Namespace) -> int:

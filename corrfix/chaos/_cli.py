@@ -9,6 +9,8 @@ import structlog
 import trio
 
 from corrfix._argtypes import count as _count
+from corrfix._argtypes import positive as _positive
+from corrfix._argtypes import positive_size as _positive_size
 from corrfix._argtypes import probability as _probability
 from corrfix._argtypes import seconds as _seconds
 from corrfix.chaos._policy import ChaosPolicy, ChaosRules, parse_api_keys
@@ -127,13 +129,13 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-frame-size",
-        type=_count,
+        type=_positive_size,
         default=DEFAULT_MAX_FRAME_SIZE,
         metavar="BYTES",
         help="close a connection that announces a larger frame",
     )
     parser.add_argument(
-        "--connect-timeout", type=_seconds, default=10.0, metavar="S", help="upstream connect timeout"
+        "--connect-timeout", type=_positive, default=10.0, metavar="S", help="upstream connect timeout"
     )
 
 

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import trio
 
+from corrfix._argtypes import count as _count
 from corrfix._argtypes import positive as _positive
+from corrfix._argtypes import positive_size as _positive_size
 from corrfix.capture import CaptureFormatError
 from corrfix.core import parse_host_port
 from corrfix.replay._plan import PlannedConnection, PlannedRequest, ReplayPlan, load_plan
@@ -410,10 +412,14 @@ def register_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         metavar="SECONDS",
         help=f"(default {DEFAULT_CONNECT_TIMEOUT:g})",
     )
-    p.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES")
+    p.add_argument("--max-frame-size", type=_positive_size, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
-        "--max-differences", type=int, default=50, metavar="N", help="differences listed in the text report"
+        "--max-differences",
+        type=_count,
+        default=50,
+        metavar="N",
+        help="differences listed in the text report",
     )
     p.set_defaults(run=run_replay)
     return p

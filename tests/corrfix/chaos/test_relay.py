@@ -426,6 +426,8 @@ def test_cli_defaults():
         ["--listen", ":1", "--upstream", ":1", "--api", "Produse"],
         ["--listen", ":1", "--upstream", ":1", "--drop-probability", "2"],
         ["--listen", ":1", "--upstream", ":1", "--drop-every", "-1"],
+        ["--listen", ":1", "--upstream", ":1", "--connect-timeout", "0"],  # closed every client
+        ["--listen", ":1", "--upstream", ":1", "--max-frame-size", "0"],
     ],
 )
 def test_cli_rejects_bad_options(argv, capsys):

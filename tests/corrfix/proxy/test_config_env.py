@@ -139,12 +139,28 @@ def test_a_ready_stale_not_longer_than_the_ready_interval_is_refused(capsys):
         ("CORRFIX_WORKERS", "0", "must be >= 1, got 0"),
         ("CORRFIX_DRAIN_TIMEOUT", "-1", "expected a non-negative number of seconds"),
         ("CORRFIX_DRAIN_TIMEOUT", "nan", "expected a non-negative number of seconds"),
+        ("CORRFIX_PROBE_AFTER", "-1", "expected a non-negative number of seconds"),
+        ("CORRFIX_PROBE_MIN", "0", "must be > 0"),
+        ("CORRFIX_MAX_REQUEUES", "-1", "expected 0 (off) or a positive count, got -1"),
+        ("CORRFIX_REQUEST_DEADLINE", "nan", "expected a non-negative number of seconds"),
+        ("CORRFIX_MAX_OUTSTANDING", "0", "must be >= 1, got 0"),
+        ("CORRFIX_MAX_HELD_BYTES", "-5", "size must be >= 0"),
+        ("CORRFIX_MAX_CONNECTIONS", "0", "must be >= 1, got 0"),
+        ("CORRFIX_IDLE_TIMEOUT", "0", "must be > 0"),
+        ("CORRFIX_FRAME_TIMEOUT", "-1", "expected a non-negative number of seconds"),
+        ("CORRFIX_CLOSE_LINGER", "inf", "expected a non-negative number of seconds"),
+        ("CORRFIX_MAX_FRAME_SIZE", "0", "must be >= 1"),
+        ("CORRFIX_CONNECT_TIMEOUT", "0", "must be > 0"),
+        ("CORRFIX_BROKER_PORT_BASE", "70000", "expected a port from 1 to 65535, got 70000"),
+        ("CORRFIX_BROKER_PORT", "1=70000", "expected a port from 1 to 65535, got 70000"),
     ],
 )
 def test_counts_and_timeouts_that_cannot_work_are_refused(capsys, variable, value, message):
     """Accepted before, and then: ``--connect-retries -1`` (read as "for ever") closed every
     client at once without a log line, ``--workers 0`` ran one process without a word,
-    ``--drain-timeout -1`` closed every connection at SIGTERM and ``nan`` never did."""
+    ``--drain-timeout -1`` closed every connection at SIGTERM and ``nan`` never did. So were a
+    negative or ``nan`` probe timeout, a zero connect timeout or limit, and ports past 65535,
+    from a flag, a variable and the file alike (``check-config`` called such a file valid)."""
     option = "--" + variable.removeprefix("CORRFIX_").lower().replace("_", "-")
     given = ("proxy", "--listen", ":1", "--upstream", "h:2")
     for flag, env in (((option, value), {}), ((), {variable: value})):

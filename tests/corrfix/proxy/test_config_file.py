@@ -140,7 +140,9 @@ def test_check_config_reports_an_unreadable_file(tmp_path):
     [
         ("ready-interval = 0", "ready-interval = 0: must be > 0"),
         ("capture-queue-rows = 0", "capture-queue-rows = 0: must be >= 1"),
-        ("broker-port-base = 1.5", "broker-port-base = 1.5: invalid literal for int()"),
+        ("broker-port-base = 1.5", "broker-port-base = 1.5: expected a whole number, got '1.5'"),
+        ("probe-after = -1", "probe-after = -1: expected a non-negative number of seconds"),
+        ("max-connections = 0", "max-connections = 0: must be >= 1"),
     ],
 )
 def test_a_number_in_the_file_is_checked_as_the_flag_checks_it(tmp_path, setting, message):

@@ -360,6 +360,9 @@ def test_cli_errors(tmp_path, capsys):
     assert "no client requests to replay" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse(["replay", str(tmp_path), "--target", "127.0.0.1:9", "--speed", "2", "--as-fast-as-possible"])
+    for bad in (["--max-differences", "-1"], ["--max-frame-size", "0"]):  # -1 dropped the last one
+        with pytest.raises(SystemExit):
+            parse(["replay", str(tmp_path), "--target", "127.0.0.1:9", *bad])
     with pytest.raises(SystemExit):
         parse(["replay", str(tmp_path), "--target", "nonsense"])
 
