@@ -126,9 +126,14 @@ def capture_files(path: Path) -> list[Path]:
 
 def iter_batches(path: Path) -> Iterator[pa.RecordBatch]:
     """Record batches of every file, in order. A file still being written (or cut short by
-    a crash) yields what was flushed, up to its last whole batch."""
+    a crash) yields what was flushed, up to its last whole batch. A file removed after the
+    directory was listed (an operator pruning the oldest) is skipped."""
     for file in capture_files(path):
-        with pa.OSFile(str(file), "rb") as source:
+        try:
+            source = pa.OSFile(str(file), "rb")
+        except FileNotFoundError:
+            continue
+        with source:
             try:
                 reader = pa.ipc.open_stream(source)
             except pa.ArrowInvalid:

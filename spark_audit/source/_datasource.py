@@ -84,7 +84,11 @@ def plan(path: str, split_bytes: int) -> list[FileRange]:
     """One range per file, or several batch ranges of about ``split_bytes`` for big local files."""
     ranges: list[FileRange] = []
     for file in list_files(path):
-        if not is_local(file) or _local(file).stat().st_size <= split_bytes:
+        try:
+            whole = not is_local(file) or _local(file).stat().st_size <= split_bytes
+        except FileNotFoundError:  # pruned since the listing (the oldest files go first)
+            continue
+        if whole:
             ranges.append(FileRange(file))
             continue
         first, index, size = 0, 0, 0
@@ -101,8 +105,12 @@ def plan(path: str, split_bytes: int) -> list[FileRange]:
 def read_range(
     part: FileRange, target: pa.Schema, rows: RowFilter, trim: FrameTrim | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The shaped batches of one range."""
-    with open_file(part.path) as source:
+    """The shaped batches of one range; none if its file was pruned after the plan was made."""
+    try:
+        source = open_file(part.path)
+    except FileNotFoundError:
+        return
+    with source:
         for index, batch in enumerate(stream_batches(source, part.path)):
             if index < part.first:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from corrfix.capture import CaptureWriter, capture_files, read_capture
+from corrfix.capture import format as format_module
 from corrfix.capture.format import CAPTURE_SCHEMA, FILE_SUFFIX, Source, schema_for
 from protocol import ApiKey
 from protocol.testing import request_frame
@@ -42,3 +43,20 @@ def test_files_moved_into_a_subdirectory_are_read_in_name_order(tmp_path):
     first.rename(tmp_path / "old" / first.name)
     assert [path.name for path in capture_files(tmp_path)] == sorted(p.name for p in writer.stats.files)
     assert read_capture(tmp_path).column("seq").to_pylist() == [0, 1, 2, 3]
+
+
+def test_a_file_pruned_after_the_listing_is_skipped(tmp_path, monkeypatch):
+    """The docs tell operators to remove the oldest files themselves: one removed while a
+    reader (``capture info``, the audit) had listed it raised FileNotFoundError."""
+    with CaptureWriter(tmp_path, rotate_bytes=1, flush_seconds=60.0) as writer:
+        shell = Shell(writer)
+        shell.open()
+        assert writer.flush(timeout=10)
+        shell.client_sends(request_frame(ApiKey.METADATA, 1, 1))
+    oldest = writer.stats.files[0]
+    listed = capture_files(tmp_path)
+    assert len(listed) > 1
+    oldest.unlink()  # as the reader goes through its listing
+    monkeypatch.setattr(format_module, "capture_files", lambda path: listed)
+    rows = read_capture(tmp_path)
+    assert rows.num_rows and rows.column("seq").to_pylist()[0] > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 from pyspark.sql.utils import PythonException
@@ -11,6 +13,7 @@ from corrfix.capture.format import CAPTURE_SCHEMA, VERSION_KEY
 from corrfix.capture.pcap import CaptureRowWriter
 from spark_audit import DATA_SOURCE_NAME
 from spark_audit.source import CAPTURE_SPARK_SCHEMA, FrameTrim, RowFilter, load_capture, plan
+from spark_audit.source._datasource import read_range
 
 ROWS = 50
 
@@ -87,3 +90,25 @@ def test_a_newer_schema_version_is_refused(spark, tmp_path):
         w.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
     with pytest.raises(PythonException, match="schema version 99"):
         spark.read.format(DATA_SOURCE_NAME).load(str(tmp_path)).collect()
+
+
+def test_files_pruned_after_the_listing_or_the_plan_are_skipped(tmp_path):
+    """An operator removes the oldest capture files (the capture never does) while an audit
+    reads the directory: a file gone before the plan, or before its range is read, raised
+    FileNotFoundError and failed the whole job. No Spark session: the plan and the ranges
+    are plain functions."""
+    for k in range(3):  # three captures, one file each, in name order
+        writer = CaptureRowWriter(tmp_path, f"{k:02x}" * 16)
+        for i in (2 * k, 2 * k + 1):
+            writer.write(dict(connection_id="c1", seq=i, kind="open", wall_ns=i, mono_ns=i))
+        writer.close()
+    ranges = plan(str(tmp_path), split_bytes=1 << 20)
+    assert len(ranges) == 3
+    Path(ranges[0].path).unlink()
+    assert plan(str(tmp_path), split_bytes=1 << 20) == ranges[1:]
+    target = pa.schema([CAPTURE_SCHEMA.field("seq")])
+    assert list(read_range(ranges[0], target, RowFilter())) == []
+    seqs = [
+        v for r in ranges[1:] for b in read_range(r, target, RowFilter()) for v in b.column(0).to_pylist()
+    ]
+    assert seqs == [2, 3, 4, 5]
