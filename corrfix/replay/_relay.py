@@ -427,6 +427,9 @@ def register_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_replay(args: argparse.Namespace) -> int:
     """0: replayed without differences; 1: differences; 2: nothing could be replayed."""
+    if not args.capture.exists():  # else it reads as a capture with no requests
+        print(f"corrfix replay: {args.capture} does not exist", file=sys.stderr)
+        return 2
     try:
         plan = load_plan(args.capture, set(args.connection) if args.connection else None)
     except (OSError, CaptureFormatError) as exc:

@@ -358,6 +358,9 @@ def test_cli_errors(tmp_path, capsys):
     args = parse(["replay", str(tmp_path / "empty"), "--target", "127.0.0.1:9"])
     assert args.run(args) == 2
     assert "no client requests to replay" in capsys.readouterr().err
+    args = parse(["replay", str(tmp_path / "absent"), "--target", "127.0.0.1:9"])
+    assert args.run(args) == 2
+    assert "absent does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse(["replay", str(tmp_path), "--target", "127.0.0.1:9", "--speed", "2", "--as-fast-as-possible"])
     for bad in (["--max-differences", "-1"], ["--max-frame-size", "0"]):  # -1 dropped the last one
