@@ -169,7 +169,25 @@ def _describe_open(row: dict[str, Any]) -> str:
 
 
 def export_pcapng(path: Path, out: Path, broker_port: int = DEFAULT_BROKER_PORT) -> ExportStats:
-    """Write the capture at ``path`` (directory or file) as pcapng to ``out``."""
+    """Write the capture at ``path`` (directory or file) as pcapng to ``out``. It is written
+    under another name and renamed when whole: a failed export leaves no file that reads as a
+    short capture, and no earlier ``out`` is lost to it. A pipe or a device is written to
+    directly."""
+    if out.exists() and not out.is_file():
+        return _export(path, out, broker_port)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        stats = _export(path, partial, broker_port)
+        partial.replace(out)
+    except BaseException as exc:
+        partial.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename == str(partial):  # the user named ``out``
+            raise OSError(exc.errno, exc.strerror, str(out)) from exc
+        raise
+    return stats
+
+
+def _export(path: Path, out: Path, broker_port: int) -> ExportStats:
     comments = plan_comments(path)
     stats = ExportStats()
     streams: dict[ConnectionKey, _Streams] = {}

@@ -6,8 +6,10 @@ import argparse
 from collections import defaultdict
 
 import dpkt
+import pytest
 
 from corrfix.capture import CaptureWriter, add_capture_commands, read_capture
+from corrfix.capture.pcap import _pcapng as pcapng_module
 from corrfix.capture.pcap import export_pcapng
 from corrfix.core import RepairConfig
 from protocol import ApiKey
@@ -161,3 +163,25 @@ def test_capture_commands_run_info_and_pcapng(tmp_path, capsys):
     args = parser.parse_args(["info", str(tmp_path / "cap")])
     assert args.run(args) == 0
     assert "repair events" in capsys.readouterr().out
+
+
+def test_an_export_that_fails_midway_leaves_no_short_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    """A failure after some packets (a disk full, a bad row) left a pcapng that read as a
+    shorter capture, in place of the one written before."""
+    make_capture(tmp_path / "cap")
+    out = tmp_path / "out.pcapng"
+    export_pcapng(tmp_path / "cap", out)
+    before = out.read_bytes()
+    rows = pcapng_module._rows
+
+    def failing_rows(path, columns=None):
+        for index, row in enumerate(rows(path, columns)):
+            if index == 5 and columns is None:  # the packets' pass, not the comments' plan
+                raise OSError(28, "No space left on device")
+            yield row
+
+    monkeypatch.setattr(pcapng_module, "_rows", failing_rows)
+    with pytest.raises(OSError, match="No space left"):
+        export_pcapng(tmp_path / "cap", out)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap", "out.pcapng"]
