@@ -4,8 +4,9 @@ Containers and systemd units configure through the environment, so every long op
 ``corrfix proxy`` has a variable: ``CORRFIX_`` and the option's name in capitals, dashes
 as underscores. A switch takes ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/
 ``off``; a repeatable option takes a comma-separated list. A variable overrides the TOML
-file and is overridden by a flag. Other ``CORRFIX_`` variables (the tests' own) are not
-settings and are left alone.
+file and is overridden by a flag. A variable set empty counts as unset: ``-e CORRFIX_METRICS=``
+is how a container takes back a setting its image gives. Other ``CORRFIX_`` variables (the
+tests' own) are not settings and are left alone.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def defaults_from_env(
     errors: list[str] = []
     for name, action in env_variables(parser).items():
         text = environ.get(name)
-        if text is None:
+        if not text:  # unset, or set empty to take back an image's or a unit's value
             continue
         try:
             defaults[action.dest] = _convert(action, text, name)

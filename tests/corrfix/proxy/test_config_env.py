@@ -175,6 +175,18 @@ def test_other_corrfix_variables_are_not_settings():
     assert args.setting_sources["listen"] == "flag --listen"
 
 
+def test_a_variable_set_empty_counts_as_unset(tmp_path):
+    """``docker run -e CORRFIX_METRICS=`` is how a container takes back what its image sets
+    (the image serves metrics): it stopped corrfix as a bad address instead."""
+    file = tmp_path / "c.toml"
+    file.write_text('metrics = "127.0.0.1:9464"\nprobe-after = 2.0\n')
+    env = {"CORRFIX_METRICS": "", "CORRFIX_PROBE_AFTER": "", "CORRFIX_NO_REWRITE": ""}
+    args = parse("proxy", "--listen", ":1", "--upstream", "h:2", "--config", str(file), env=env)
+    assert args.metrics == Address("127.0.0.1", 9464) and args.probe_after == 2.0  # the file's
+    assert args.rewrite is True
+    assert parse("proxy", "--listen", ":1", "--upstream", "h:2", env=env).metrics is None
+
+
 def test_a_variable_that_looks_like_a_mistyped_setting_is_named_at_start_up(monkeypatch, capsys):
     """Not only under --print-config: a typo would leave its setting at the default unseen.
     A variable near no setting belongs to other tooling (the tests' own) and is not named."""
