@@ -55,10 +55,10 @@ def healthcheck_command() -> list[str]:
     return json.loads(healthcheck.split("CMD", 1)[1])
 
 
-def run_healthcheck(metrics: str) -> int:
+def run_healthcheck(metrics: str, admin: str = "") -> int:
     program, *args = healthcheck_command()
     assert program == "python"
-    env = {**os.environ, "CORRFIX_METRICS": metrics}
+    env = {**os.environ, "CORRFIX_METRICS": metrics, "CORRFIX_ADMIN": admin}
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, timeout=30).returncode
 
 
@@ -69,6 +69,8 @@ def test_the_healthcheck_command_probes_a_real_corrfix(tansu, tmp_path):
     with CorrfixProcess(args, port, tmp_path / "p.log"):
         wait_for_status(f"http://127.0.0.1:{metrics_port}/livez", 200)
         assert run_healthcheck(metrics) == 0
+        # Metrics turned off (set empty) and health served with --admin: the probe follows.
+        assert run_healthcheck("", admin=metrics) == 0
     assert run_healthcheck(metrics) != 0  # nothing listens any more
 
 
