@@ -335,8 +335,9 @@ class ConnectionChaos:
     """One relayed connection: frame decoding both ways and the correlation-id map.
 
     Feed it what the client sent (:meth:`client_data`) before forwarding it, and what the
-    broker sent (:meth:`broker_data`) to get each response frame with its decision. Both
-    raise :class:`protocol.ProtocolError` on garbage; the connection should then be closed.
+    broker sent (:meth:`broker_frames`) to get its response frames, then decide each in turn
+    (:meth:`response`), stopping at a kill. Both raise :class:`protocol.ProtocolError` on
+    garbage; the connection should then be closed.
 
     SaslHandshake v0 is followed by raw SASL tokens with no Kafka header. Which frames they
     are is protocol's rule (:class:`protocol.SaslV0Tokens`), the one the proxy follows;
@@ -374,10 +375,6 @@ class ConnectionChaos:
         unchanged by the caller, so nothing is returned."""
         for frame in self._request_decoder.feed(data):
             self.request(frame)
-
-    def broker_data(self, data: BytesLike) -> list[tuple[bytearray, Decision]]:
-        """Bytes from the broker; every response frame they complete, with its decision."""
-        return [(frame, self.response(frame)) for frame in self.broker_frames(data)]
 
     def broker_frames(self, data: BytesLike) -> list[bytearray]:
         """Bytes from the broker; the response frames they complete, not yet decided, so a
