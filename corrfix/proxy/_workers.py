@@ -4,10 +4,12 @@ The kernel spreads new connections over the workers, and a connection lives in o
 them; nothing else about the proxy changes. This supervisor starts the workers, passes
 SIGTERM (drain), SIGINT and SIGHUP (re-open files) on to them, restarts a worker that dies
 on its own (at most ``MAX_RESTARTS`` within ``RESTART_WINDOW``: a worker crashing in a loop
-stops the proxy), and serves one ``/metrics`` that sums every worker's samples (counters, gauges
-and histogram buckets all add up across processes; ``_created`` times take the earliest;
-counters keep what a worker counted before it restarted, so they never go down).
-Its ``/livez`` and ``/readyz`` ask every worker's own; ``/readyz`` turns 503 at SIGTERM.
+stops the proxy), and serves one ``/metrics``: counters and histogram buckets summed across the
+workers (``_created`` times take the earliest; counters keep what a worker counted before it
+restarted, so they never go down), gauges per worker with a ``worker`` label, so that an alert
+on one worker's state (an upstream it cannot reach, its connections near the limit) is not
+averaged away by the others. Its ``/livez`` and ``/readyz`` ask every worker's own, all at once;
+``/readyz`` turns 503 at SIGTERM.
 Each worker serves one endpoint of its own, on a loopback port the kernel picks, and says
 which along with its READY=1 (a port chosen for it beforehand could be taken by the time it
 binds); the user's ``--metrics`` and ``--admin`` addresses are the supervisor's alone. A
@@ -20,6 +22,7 @@ once every worker listens.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import http.client
 import json
 import os
@@ -30,9 +33,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -63,6 +66,7 @@ serves of its own (outside the ``CORRFIX_`` settings, so no option, variable or 
 OWN_ENDPOINT = Address("127.0.0.1", 0)
 
 Slot = Address | Literal["starting", "exited"]
+_T = TypeVar("_T")
 """What the supervisor knows of a worker's endpoint: where it serves, or why it serves nowhere."""
 
 
@@ -98,14 +102,46 @@ def _combine(sums: dict[_SampleKey, float], key: _SampleKey, value: float) -> No
         sums[key] = sums.get(key, 0.0) + value
 
 
+WORKER_LABEL = "worker"
+"""The label that tells the workers' gauges apart in the supervisor's ``/metrics``: the
+worker's index, from 0, which a restarted worker keeps."""
+
+
+def _ask_all(endpoints: Sequence[Slot], ask: Callable[[Address], _T]) -> list[_T | None]:
+    """``ask`` each worker that serves, all at once: one worker that does not answer costs one
+    ``SCRAPE_TIMEOUT``, not one per worker. None for a slot with no endpoint."""
+    serving = [(index, slot) for index, slot in enumerate(endpoints) if isinstance(slot, Address)]
+    answers: list[_T | None] = [None] * len(endpoints)
+    if not serving:
+        return answers
+    with concurrent.futures.ThreadPoolExecutor(len(serving), thread_name_prefix="corrfix-ask") as pool:
+        for (index, _), answer in zip(serving, pool.map(ask, [slot for _, slot in serving]), strict=True):
+            answers[index] = answer
+    return answers
+
+
+def _fetch_metrics(endpoint: Address) -> list[Metric] | None:
+    """A worker's samples; None when it does not answer, or dies while it answers."""
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=SCRAPE_TIMEOUT) as response:
+            text = response.read().decode()
+        return list(text_string_to_metric_families(text))
+    except (OSError, http.client.HTTPException, ValueError):
+        # A worker restarting, or killed while it answered (a short read): its counters stay as
+        # it said last, and the other workers' are still served.
+        return None
+
+
 class SummedWorkerMetrics(Collector):
-    """Scrapes each worker's own endpoint and sums samples with the same name and labels.
+    """Scrapes each worker's own endpoint: counters summed, gauges per worker.
 
     ``endpoints`` is the supervisor's own list, read at each scrape. Prometheus takes any
     decrease of a counter for a reset and counts the whole sum again in ``rate()`` and
     ``increase()``, so summed counters never go down: a worker that does not answer counts
     with what it said last, and what a worker counted before it exited or restarted stays in
-    the sum. Gauges are those of the workers that answered.
+    the sum. Gauges are those of the workers that answered, each with its ``worker`` label:
+    a sum would hide one worker that cannot reach a broker (``corrfix_upstream_up`` 1 of 2) or
+    is near its own ``--max-connections`` while the others are not.
     """
 
     def __init__(self, endpoints: Sequence[Slot]) -> None:
@@ -132,30 +168,26 @@ class SummedWorkerMetrics(Collector):
         yield from merged.values()
 
     def _scrape(self) -> dict[_SampleKey, float]:
-        """Scrape every worker; returns the gauges' sums and keeps each worker's counters."""
-        serving = [endpoint for endpoint in list(self.endpoints) if isinstance(endpoint, Address)]
-        for gone in self._counted.keys() - set(serving):  # exited, or restarted elsewhere
+        """Scrape every worker; returns the gauges, by worker, and keeps each worker's counters."""
+        slots = list(self.endpoints)
+        serving = {slot for slot in slots if isinstance(slot, Address)}
+        for gone in self._counted.keys() - serving:  # exited, or restarted elsewhere
             for key, value in self._counted.pop(gone).items():
                 _combine(self._retired, key, value)
         gauges: dict[_SampleKey, float] = {}
-        for endpoint in serving:
-            try:
-                url = f"http://{endpoint}/metrics"
-                with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
-                    text = response.read().decode()
-                parsed = list(text_string_to_metric_families(text))
-            except (OSError, http.client.HTTPException, ValueError):
-                # A worker restarting, or killed while it answered (a short read): its counters
-                # stay as it said last, and the other workers' are still served.
+        for index, (endpoint, parsed) in enumerate(zip(slots, _ask_all(slots, _fetch_metrics), strict=True)):
+            if parsed is None or not isinstance(endpoint, Address):
                 continue
             counted = self._counted.setdefault(endpoint, {})
             for family in parsed:
                 self._families.setdefault(family.name, (family.documentation, family.type, family.unit))
                 for sample in family.samples:
-                    key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+                    labels = tuple(sorted(sample.labels.items()))
                     if family.type not in _COUNTING:
-                        _combine(gauges, key, sample.value)
+                        worker = tuple(sorted({**sample.labels, WORKER_LABEL: str(index)}.items()))
+                        gauges[(family.name, sample.name, worker)] = sample.value
                         continue
+                    key = (family.name, sample.name, labels)
                     last = counted.get(key)
                     if last is not None and sample.value < last:  # a new worker on the same port
                         _combine(self._retired, key, last)
@@ -186,25 +218,28 @@ class WorkersHealth:
         return Verdict(ok, {"ready": ok, "draining": False, "workers": answers})
 
     def _ask(self, path: str) -> list[dict[str, Any]]:
-        answers = []
-        for index, endpoint in enumerate(list(self.endpoints)):
-            answer: dict[str, Any] = {"worker": index}
-            if not isinstance(endpoint, Address):
-                answer.update(status=None, state=endpoint, error=f"{endpoint}: no endpoint")
-                answers.append(answer)
-                continue
-            try:
-                with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=SCRAPE_TIMEOUT) as response:
-                    answer.update(status=response.status, detail=json.loads(response.read()))
-            except urllib.error.HTTPError as exc:
-                try:
-                    answer.update(status=exc.code, detail=json.loads(exc.read() or b"null"))
-                except (OSError, http.client.HTTPException, ValueError):
-                    answer.update(status=exc.code, detail=None)  # the verdict, without its body
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                answer.update(status=None, error=f"no answer: {exc!r}")
-            answers.append(answer)
-        return answers
+        slots = list(self.endpoints)
+        answers = _ask_all(slots, lambda endpoint: _ask_one(endpoint, path))
+        return [
+            {"worker": index, **answer}
+            if answer is not None
+            else {"worker": index, "status": None, "state": slot, "error": f"{slot}: no endpoint"}
+            for index, (slot, answer) in enumerate(zip(slots, answers, strict=True))
+        ]
+
+
+def _ask_one(endpoint: Address, path: str) -> dict[str, Any]:
+    """One worker's answer to ``/livez`` or ``/readyz``: its status and body, or why none came."""
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=SCRAPE_TIMEOUT) as response:
+            return {"status": response.status, "detail": json.loads(response.read())}
+    except urllib.error.HTTPError as exc:
+        try:
+            return {"status": exc.code, "detail": json.loads(exc.read() or b"null")}
+        except (OSError, http.client.HTTPException, ValueError):
+            return {"status": exc.code, "detail": None}  # the verdict, without its body
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return {"status": None, "error": f"no answer: {exc!r}"}
 
 
 class WorkerNotifications:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from corrfix._netutil import free_port, free_ports
 from corrfix.core import Address
@@ -88,8 +89,14 @@ def test_probes_follow_tansu_up_stopped_restarted_and_the_drain(tansu_factory, t
 
 
 def wait_for_outstanding(base: str) -> None:
-    """Until the proxy has read the held Fetch and awaits its answer."""
-    wait_for(lambda: "corrfix_outstanding_requests 1.0" in scrape(base), 10, "the Fetch to be outstanding")
+    """Until the proxy has read the held Fetch and awaits its answer (in one of the workers'
+    gauges with ``--workers``)."""
+
+    def outstanding() -> float:
+        families = text_string_to_metric_families(scrape(base))
+        return sum(s.value for f in families if f.name == "corrfix_outstanding_requests" for s in f.samples)
+
+    wait_for(lambda: outstanding() == 1, 10, "the Fetch to be outstanding")
 
 
 def scrape(base: str) -> str:
@@ -107,6 +114,11 @@ def test_admin_serves_health_without_metrics(tansu, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"{base}/metrics", timeout=5)
         assert info.value.code == 404 and info.value.read() == b"try /livez /readyz\n"
+
+
+def both_ready(metrics: str) -> bool:
+    """Each of two workers' ``corrfix_ready`` is 1 in the supervisor's scrape."""
+    return all(f'corrfix_ready{{worker="{index}"}} 1.0' in metrics for index in range(2))
 
 
 @contextlib.contextmanager
@@ -130,7 +142,7 @@ def test_workers_answer_for_every_worker_and_turn_unready_on_sigterm(tansu, tmp_
     with two_workers(tansu.bootstrap, tmp_path / "w.log") as (proxy, port, base, _):
         live = probe(f"{base}/livez")
         assert live[0] == 200 and [w["status"] for w in live[1]["live"]] == [200, 200]
-        wait_for(lambda: "corrfix_ready 2.0" in scrape(base), 10, "both workers ready in /metrics (summed)")
+        wait_for(lambda: both_ready(scrape(base)), 10, "both workers ready in /metrics")
         workload.create_topic(f"127.0.0.1:{port}", "idle")
         with held_fetch(("127.0.0.1", port), "idle", HOLD_MS) as client:
             wait_for_outstanding(base)
@@ -154,7 +166,7 @@ def test_a_restarted_worker_is_asked_where_it_now_serves(tansu, tmp_path):
         # gave it, can answer for worker 0.
         body = wait_for_status(f"{base}/readyz", 200)
         assert [worker["status"] for worker in body["workers"]] == [200, 200]
-        wait_for(lambda: "corrfix_ready 2.0" in scrape(base), 10, "both workers ready in /metrics (summed)")
+        wait_for(lambda: both_ready(scrape(base)), 10, "both workers ready in /metrics")
 
 
 def test_workers_leave_the_admin_and_metrics_addresses_to_the_supervisor(tansu, tmp_path):

@@ -214,31 +214,100 @@ def worker_metrics(opened: int, active: int, port: int = 0) -> AdminServer:
 def test_summed_counters_never_go_down_when_a_worker_misses_a_scrape_or_restarts():
     """Prometheus takes a counter that went down for one reset to zero: increase() counted the
     whole sum again when a worker did not answer a scrape, or restarted from zero. The sum
-    keeps what such a worker counted; gauges are only the answering workers' own."""
+    keeps what such a worker counted; gauges are only the answering workers' own, each with its
+    worker's index."""
     first, second = worker_metrics(opened=5, active=2), worker_metrics(opened=3, active=1)
     restarted = None
     endpoints: list[Slot] = [first.address, second.address]
     summed = CollectorRegistry()
     summed.register(SummedWorkerMetrics(endpoints))
 
-    def scrape() -> tuple[float | None, float | None]:
-        return summed.get_sample_value("corrfix_connections_opened_total"), summed.get_sample_value(
-            "corrfix_connections_active"
-        )
+    def scrape() -> tuple[float | None, list[float | None]]:
+        active = [summed.get_sample_value("corrfix_connections_active", {"worker": w}) for w in "01"]
+        return summed.get_sample_value("corrfix_connections_opened_total"), active
 
     try:
-        assert scrape() == (8, 3)
+        assert scrape() == (8, [2, 1])
         second.close()  # dead, or too busy to answer in time
-        assert scrape() == (8, 2)
+        assert scrape() == (8, [2, None])
         endpoints[1] = "starting"
-        assert scrape() == (8, 2)
+        assert scrape() == (8, [2, None])
         restarted = worker_metrics(opened=1, active=1)
         endpoints[1] = restarted.address
-        assert scrape() == (9, 3)
+        assert scrape() == (9, [2, 1])
         first.close()  # its replacement takes the same port before the next scrape
         first = worker_metrics(opened=2, active=0, port=first.address.port)
-        assert scrape() == (11, 1)
+        assert scrape() == (11, [0, 1])
     finally:
         first.close()
         if restarted is not None:
             restarted.close()
+
+
+def test_gauges_are_per_worker_so_one_worker_s_trouble_is_not_averaged_away():
+    """Summed, one worker that could not reach a broker showed ``corrfix_upstream_up`` 1 of 2
+    workers, so ``corrfix_upstream_up == 0`` never fired; and one worker at its
+    ``--max-connections`` beside an idle one read as half full. Gauges keep their own labels
+    and gain the worker's index; counters are still one sum."""
+    workers = []
+    for opened, active, up in ((7, 95, 1), (2, 10, 0)):
+        registry = CollectorRegistry()
+        Counter("corrfix_connections_opened", "accepted", registry=registry).inc(opened)
+        Gauge("corrfix_connections_active", "open", registry=registry).set(active)
+        Gauge("corrfix_connections_max", "limit", registry=registry).set(100)
+        Gauge("corrfix_upstream_up", "up", ["upstream"], registry=registry).labels("10.0.0.1:9092").set(up)
+        workers.append(
+            AdminServer(
+                Address("127.0.0.1", 0),
+                AdminApp(lambda: Verdict(True, {}), lambda: Verdict(True, {}), registry),
+            )
+        )
+    try:
+        summed = CollectorRegistry()
+        summed.register(SummedWorkerMetrics([worker.address for worker in workers]))
+        value = summed.get_sample_value
+        up = [value("corrfix_upstream_up", {"upstream": "10.0.0.1:9092", "worker": w}) for w in "01"]
+        assert up == [1, 0]
+        assert [value("corrfix_connections_active", {"worker": w}) for w in "01"] == [95, 10]
+        assert [value("corrfix_connections_max", {"worker": w}) for w in "01"] == [100, 100]
+        assert value("corrfix_connections_active") is None  # no unlabelled sum beside them
+        assert value("corrfix_connections_opened_total") == 9
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+class _AnswersOnceAllAsked(socketserver.StreamRequestHandler):
+    """A worker's endpoint that answers only once every worker has been asked."""
+
+    asked: threading.Barrier
+
+    def handle(self) -> None:
+        self.rfile.readline()
+        try:
+            self.asked.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            return  # asked one at a time: no answer, as from a hung worker
+        body = b'{"live": true}'
+        head = f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.wfile.write(head.encode() + body)
+
+
+def test_the_supervisor_asks_its_workers_at_once(monkeypatch):
+    """Asked one after the other, every worker that hung cost the supervisor's ``/livez`` one
+    scrape timeout: three hung workers took longer than a probe waits. Every worker is asked
+    at once; here each answers only when all of them have been asked."""
+    monkeypatch.setattr("corrfix.proxy._workers.SCRAPE_TIMEOUT", 1.0)
+    handler = type("Handler", (_AnswersOnceAllAsked,), {"asked": threading.Barrier(3)})
+    servers = [socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) for _ in range(3)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        health = WorkersHealth([Address("127.0.0.1", server.server_address[1]) for server in servers])
+        live = health.live()
+        assert live.ok, live.detail
+        assert [answer["worker"] for answer in live.detail["live"]] == [0, 1, 2]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
