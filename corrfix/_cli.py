@@ -454,12 +454,15 @@ def _with_config_file(
 
 def setting_conflicts(settings: argparse.Namespace) -> list[str]:
     """Settings each valid alone that cannot work together."""
+    from corrfix.capture._options import capture_conflicts
+
+    conflicts = capture_conflicts(settings)
     if settings.ready_stale <= settings.ready_interval:  # each answer goes stale before the next check
-        return [
+        conflicts.append(
             f"--ready-stale ({settings.ready_stale:g} s) must be longer than --ready-interval "
             f"({settings.ready_interval:g} s), or /readyz fails between every two checks"
-        ]
-    return []
+        )
+    return conflicts
 
 
 CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"

@@ -81,7 +81,7 @@ def scrape(requests_seen: bool) -> dict[str, list[Sample]]:
         tally.requests[0] = 1
         tally.answer(0, 0.001)
     readiness = Readiness([Address("127.0.0.1", 9092)], stale=15.0)
-    metrics.registry.register(HealthCollector(readiness, max_connections=10, capture=lambda: (0, 0)))
+    metrics.registry.register(HealthCollector(readiness, max_connections=10, capture=lambda: (0, 0, 0)))
     metrics.registry.register(EngineCollector(lambda: None))
     return {
         family.name + ("_total" if family.type == "counter" else ""): family.samples

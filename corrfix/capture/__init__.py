@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ._commands import add_capture_commands
     from ._files import CaptureFiles, capture_stem
     from ._info import capture_info, render_info
-    from ._options import add_capture_arguments, capture_writer_from_args
+    from ._options import add_capture_arguments, capture_conflicts, capture_writer_from_args
     from ._recorder import Recorder
     from ._summary import SUMMARY_SUFFIX, CaptureSummary, read_summaries, write_summary
     from ._writer import CaptureWriter
@@ -39,6 +39,7 @@ _HOMES = {
     "CaptureWriter": "._writer",
     "add_capture_arguments": "._options",
     "capture_writer_from_args": "._options",
+    "capture_conflicts": "._options",
 }
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "Recorder",
     "add_capture_arguments",
     "add_capture_commands",
+    "capture_conflicts",
     "capture_files",
     "capture_info",
     "capture_stem",

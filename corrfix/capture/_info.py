@@ -70,6 +70,7 @@ def capture_info(path: Path) -> dict[str, Any]:
                 "rows": 0,
                 "rows_lost": None,
                 "finished": None,
+                "files_removed": None,
             },
         )
         capture["rows"] += batch.num_rows
@@ -99,6 +100,7 @@ def capture_info(path: Path) -> dict[str, Any]:
             continue  # a summary of a capture whose files are not here (or have no rows yet)
         capture["rows_lost"] = summary.rows_lost
         capture["finished"] = summary.finished
+        capture["files_removed"] = summary.files_removed
         lost_total = (lost_total or 0) + summary.rows_lost
     return {
         "path": str(path),
@@ -196,9 +198,11 @@ def render_info(info: dict[str, Any], max_connections: int = 50) -> str:
         state = {True: "finished", False: "not finished (still running, or stopped uncleanly)"}.get(
             capture["finished"], "no summary"
         )
+        removed = capture.get("files_removed")
+        ring = f", removed {removed:,} older files (--capture-max-bytes)" if removed else ""
         lines.append(
             f"  capture {capture['capture_id']} ({capture['source']}, schema v{capture['schema_version']}): "
-            f"{capture['rows']:,} rows, {lost} rows lost, {state}"
+            f"{capture['rows']:,} rows, {lost} rows lost, {state}{ring}"
         )
     span = info["duration_seconds"]
     lines.append(

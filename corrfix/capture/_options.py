@@ -50,6 +50,14 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"start a new file after this long (default {DEFAULT_ROTATE_SECONDS:g})",
     )
     group.add_argument(
+        "--capture-max-bytes",
+        type=argtypes.positive_size,
+        default=None,
+        metavar="BYTES",
+        help="keep DIR's capture files within this many bytes: the oldest are removed, as in "
+        "tcpdump's ring buffer; at least --capture-rotate-bytes (default: none removed)",
+    )
+    group.add_argument(
         "--capture-queue-rows",
         type=argtypes.positive_size,
         default=DEFAULT_QUEUE_ROWS,
@@ -79,6 +87,16 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def capture_conflicts(args: argparse.Namespace) -> list[str]:
+    """``--capture-*`` settings each valid alone that cannot work together."""
+    if args.capture_max_bytes is not None and args.capture_max_bytes < args.capture_rotate_bytes:
+        return [
+            f"--capture-max-bytes ({args.capture_max_bytes}) must be at least --capture-rotate-bytes "
+            f"({args.capture_rotate_bytes}): the file being written is never removed"
+        ]
+    return []
+
+
 def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
     """The writer the ``--capture-*`` options ask for, not yet started; None without ``--capture-dir``."""
     if args.capture_dir is None:
@@ -94,4 +112,5 @@ def capture_writer_from_args(args: argparse.Namespace) -> CaptureWriter | None:
         queue_bytes=args.capture_queue_bytes,
         flush_seconds=args.capture_flush_seconds,
         keep_page_cache=args.capture_keep_page_cache,
+        max_bytes=args.capture_max_bytes,
     )

@@ -38,6 +38,12 @@ class CaptureSummary:
     rows_lost: int = 0
     rows_lost_by_kind: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    """The capture's files, in the order written; those removed under ``--capture-max-bytes``
+    are left out."""
+    files_removed: int = 0
+    bytes_removed: int = 0
+    """Capture files, of this capture or older ones in the directory, that this capture's
+    writer removed under ``--capture-max-bytes``, and their bytes."""
     connections: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per file name: rows per connection id, as written (the audit plans from it)."""
     schema_version: int = SCHEMA_VERSION
@@ -52,6 +58,12 @@ class CaptureSummary:
         for name in names:
             if name not in sealed and name in self.connections:
                 sealed[name] = _encode(self.connections[name])
+
+    def forget(self, names: Iterable[str]) -> None:
+        """These files were removed: they leave the connection index."""
+        for name in names:
+            self.connections.pop(name, None)
+            self._sealed.pop(name, None)
 
     def to_json(self) -> str:
         """One top-level field per line, in name order; nested values on their line."""

@@ -6,6 +6,8 @@ When they are full, rows are dropped and counted, never waited for. A background
 swaps the buffers out, makes them Arrow record batches without Python code per row, and
 appends those to the capture's files at least every ``flush_seconds``;
 the totals, lost rows included, go to the JSON sidecar (see docs/capture-format.md).
+With ``max_bytes``, the same thread keeps the directory's capture files within it, oldest
+removed first (:mod:`._retention`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from corrfix.capture._options import (
     DEFAULT_SNAPLEN,
 )
 from corrfix.capture._recorder import Recorder
+from corrfix.capture._retention import prune
 from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
 from corrfix.capture.format import Source, schema_for
 from corrfix.core import Event
@@ -57,6 +60,9 @@ class CaptureStats:
     rows_lost: int
     files: list[Path]
     bytes_written: int
+    files_removed: int = 0
+    bytes_removed: int = 0
+    """Capture files (of any capture in the directory) removed under ``max_bytes``."""
 
 
 class CaptureWriter:
@@ -78,10 +84,14 @@ class CaptureWriter:
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         capture_id: str | None = None,
         keep_page_cache: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
         for name, value in (("rotate_bytes", rotate_bytes), ("queue_rows", queue_rows)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_bytes is not None and max_bytes < rotate_bytes:
+            raise ValueError(f"max_bytes ({max_bytes}) must be at least rotate_bytes ({rotate_bytes})")
+        self.max_bytes = max_bytes
         if rotate_seconds <= 0 or flush_seconds <= 0:
             raise ValueError("rotate_seconds and flush_seconds must be > 0")
         self.directory = directory
@@ -112,6 +122,8 @@ class CaptureWriter:
         self._ended = False
         self._error_logged: dict[str, float] = {}  # by message: when it may be logged again
         self._unindexed: set[str] = set()  # files left out of the summary's connection index
+        self._removed: set[str] = set()  # this capture's own files removed under max_bytes
+        self._pruned_at = -1  # bytes written when the directory was last pruned
 
     # -- ConnectionObserver: called by the relay, in its thread --------------------------
 
@@ -144,6 +156,7 @@ class CaptureWriter:
 
     def start(self) -> CaptureWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._prune()  # what earlier runs left may already be over the limit
         self._write_summary()
         self._thread.start()
         log.info("capture started", directory=str(self.directory), capture_id=self.capture_id)
@@ -219,8 +232,14 @@ class CaptureWriter:
 
     @property
     def stats(self) -> CaptureStats:
+        summary = self._summary
         return CaptureStats(
-            self._summary.rows_written, self._queue.lost, list(self._files.files), self._files.bytes_written
+            summary.rows_written,
+            self._queue.lost,
+            list(self._files.files),
+            self._files.bytes_written,
+            summary.files_removed,
+            summary.bytes_removed,
         )
 
     # -- the writer thread -------------------------------------------------------------
@@ -269,7 +288,8 @@ class CaptureWriter:
             except (OSError, pa.ArrowException) as exc:
                 self._files.abandon_file()
                 self._log_error("capture file could not be finished or started anew", exc)
-            self._after_flush(chunk.rows)
+            pruned = self._prune()
+            self._after_flush(chunk.rows, pruned)
             if stopping:
                 return
 
@@ -320,11 +340,39 @@ class CaptureWriter:
             self._unindexed.add(name)
             self._log_error("capture file left out of the connection index", exc, file=name)
 
-    def _after_flush(self, processed: int) -> None:
-        summary = self._summary
-        changed = (
-            summary.rows_lost != self._queue.lost or len(summary.files) != len(self._files.files) or processed
+    def _prune(self) -> bool:
+        """Keep the directory's capture files within ``max_bytes`` once more has been written
+        since the last look; True if a file was removed."""
+        written = self._files.bytes_written
+        if self.max_bytes is None or written == self._pruned_at:
+            return False
+        self._pruned_at = written
+        try:
+            removed = prune(self.directory, self.max_bytes)
+        except OSError as exc:
+            self._log_error("capture files could not be pruned", exc)
+            return False
+        if not removed.files:
+            return False
+        own = {path.name for path in self._files.files}
+        self._removed.update(name for name in removed.files if name in own)
+        self._summary.forget(removed.files)
+        self._summary.files_removed += len(removed.files)
+        self._summary.bytes_removed += removed.bytes
+        log.info(
+            "capture files removed",
+            directory=str(self.directory),
+            files=len(removed.files),
+            bytes=removed.bytes,
+            oldest=removed.files[0],
+            max_bytes=self.max_bytes,
         )
+        return True
+
+    def _after_flush(self, processed: int, pruned: bool = False) -> None:
+        summary = self._summary
+        kept = len(self._files.files) - len(self._removed)
+        changed = summary.rows_lost != self._queue.lost or len(summary.files) != kept or processed or pruned
         if changed:
             self._write_summary()
         with self._progress:
@@ -336,7 +384,7 @@ class CaptureWriter:
         summary.updated_wall_ns = time.time_ns()
         summary.rows_lost = self._queue.lost
         summary.rows_lost_by_kind = dict(self._queue.lost_by_kind)
-        summary.files = [path.name for path in self._files.files]
+        summary.files = [path.name for path in self._files.files if path.name not in self._removed]
         summary.seal(summary.files[:-1])  # only the newest file is still being written
         try:
             write_summary(self.summary_path, summary)

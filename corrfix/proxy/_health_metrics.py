@@ -17,13 +17,14 @@ from corrfix.proxy._health import Readiness
 
 class HealthCollector(Collector):
     """``corrfix_upstream_up``, ``corrfix_ready``, ``corrfix_connections_max`` and, with a
-    capture, ``corrfix_capture_rows_written_total`` and ``corrfix_capture_rows_lost_total``."""
+    capture, ``corrfix_capture_rows_written_total``, ``corrfix_capture_rows_lost_total`` and
+    ``corrfix_capture_bytes_removed_total``."""
 
     def __init__(
         self,
         readiness: Readiness | None,
         max_connections: int,
-        capture: Callable[[], tuple[int, int]] | None = None,
+        capture: Callable[[], tuple[int, int, int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.readiness = readiness
@@ -49,7 +50,7 @@ class HealthCollector(Collector):
             ready.add_metric([], 1.0 if self.readiness.verdict(now).ok else 0.0)
             yield ready
         if self.capture is not None:
-            written, lost = self.capture()
+            written, lost, removed = self.capture()
             rows = CounterMetricFamily("corrfix_capture_rows_written", "Capture rows written to files")
             rows.add_metric([], written)
             yield rows
@@ -58,3 +59,8 @@ class HealthCollector(Collector):
             )
             dropped.add_metric([], lost)
             yield dropped
+            ring = CounterMetricFamily(
+                "corrfix_capture_bytes_removed", "Capture file bytes removed under --capture-max-bytes"
+            )
+            ring.add_metric([], removed)
+            yield ring

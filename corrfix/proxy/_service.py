@@ -163,7 +163,8 @@ class ProxyService:
 
 
 class CaptureStats(Protocol):
-    """What the admin listener reads of a capture writer: its rows written and lost."""
+    """What the admin listener reads of a capture writer: its rows written and lost, and the
+    bytes it removed under ``--capture-max-bytes``."""
 
     @property
     def stats(self) -> _RowCounts: ...
@@ -172,6 +173,7 @@ class CaptureStats(Protocol):
 class _RowCounts(Protocol):
     rows_written: int
     rows_lost: int
+    bytes_removed: int
 
 
 def open_admin(
@@ -186,10 +188,10 @@ def open_admin(
     servers = []
     if metrics is not None and metrics_address is not None:
 
-        def rows() -> tuple[int, int]:
+        def rows() -> tuple[int, int, int]:
             assert capture is not None
             stats = capture.stats
-            return stats.rows_written, stats.rows_lost
+            return stats.rows_written, stats.rows_lost, stats.bytes_removed
 
         collector = HealthCollector(
             service.readiness,

@@ -19,10 +19,12 @@ from corrfix.capture import (
     CaptureWriter,
     add_capture_arguments,
     capture_files,
+    capture_info,
     capture_writer_from_args,
     iter_batches,
     read_capture,
     read_summaries,
+    render_info,
 )
 from corrfix.capture.format import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
 from corrfix.core import RepairConfig
@@ -338,6 +340,63 @@ def test_observer_calls_never_wait_for_a_stuck_writer_thread(tmp_path, monkeypat
     assert len(rows_of(tmp_path)) == 11
 
 
+def ring_writer(directory: Path, max_bytes: int) -> tuple[CaptureWriter, Shell]:
+    """A writer that starts a new file at every flush, within ``max_bytes``."""
+    writer = CaptureWriter(directory, rotate_bytes=1, flush_seconds=60.0, max_bytes=max_bytes).start()
+    shell = Shell(writer)
+    shell.open()
+    return writer, shell
+
+
+def test_a_capture_keeps_its_directory_within_max_bytes_oldest_files_first(tmp_path):
+    """Without a limit, a capture grows until the disk is full (or, in an ``emptyDir`` past its
+    ``sizeLimit``, the pod is evicted). With one, the oldest files are removed as new ones come,
+    and the summary says what went."""
+    writer, shell = ring_writer(tmp_path, max_bytes=12_000)
+    seen: dict[str, int] = {}  # every file's size, as it was written
+    with capture_logs() as logs:
+        for i in range(12):
+            shell.client_sends(request_frame(ApiKey.METADATA, i, i))
+            writer.flush(timeout=10)
+            files = capture_files(tmp_path)
+            sizes = [f.stat().st_size for f in files]
+            seen.update({f.name: size for f, size in zip(files, sizes, strict=True)})  # each file is whole
+            assert sum(sizes) <= 12_000 and len(files) >= min(i + 1, 3), sizes
+    writer.close()
+    stats = writer.stats
+    kept = capture_files(tmp_path)
+    assert stats.files_removed == len(stats.files) - len(kept) > 0
+    assert [f.name for f in kept] == [f.name for f in stats.files[-len(kept) :]]  # the newest stay
+    assert stats.bytes_removed == sum(size for name, size in seen.items() if not (tmp_path / name).exists())
+    summary = json.loads(writer.summary_path.read_text())
+    assert summary["files"] == [f.name for f in kept]
+    assert set(summary["connections"]) == {f.name for f in kept}
+    assert (summary["files_removed"], summary["bytes_removed"]) == (stats.files_removed, stats.bytes_removed)
+    seqs = [r["seq"] for r in rows_of(tmp_path)]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[0] > 0  # the newest rows, in order
+    assert any(e["event"] == "capture files removed" and e["max_bytes"] == 12_000 for e in logs)
+    shown = render_info(capture_info(tmp_path))
+    assert f"removed {stats.files_removed} older files (--capture-max-bytes)" in shown
+
+
+def test_a_new_capture_removes_what_earlier_runs_left_first(tmp_path):
+    old, shell = ring_writer(tmp_path, max_bytes=1 << 30)
+    for i in range(3):
+        shell.client_sends(request_frame(ApiKey.METADATA, i, i))
+        old.flush(timeout=10)
+    old.close()
+    left_over = capture_files(tmp_path)
+    assert len(left_over) == 4 and old.summary_path.exists()
+    new, shell = ring_writer(tmp_path, max_bytes=sum(f.stat().st_size for f in left_over[1:]))
+    assert [f.name for f in capture_files(tmp_path)] == [f.name for f in left_over[1:]]  # at start
+    shell.client_sends(request_frame(ApiKey.METADATA, 9, 9))
+    new.flush(timeout=10)
+    new.close()
+    assert not old.summary_path.exists()  # the old capture had finished: its summary went with its files
+    assert {read_summaries(tmp_path)[0].capture_id} == {new.capture_id}
+    assert new.stats.files_removed == 4
+
+
 def test_command_line_options():
     parser = argparse.ArgumentParser()
     add_capture_arguments(parser)
@@ -358,6 +417,13 @@ def test_command_line_options():
         parser.parse_args(["--capture-snaplen", "lots"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--capture-queue-rows", "0"])
+    assert writer.max_bytes is None
+    limited = capture_writer_from_args(
+        parser.parse_args(["--capture-dir", "/tmp/x", "--capture-max-bytes", "2G"])
+    )
+    assert limited is not None and limited.max_bytes == 2 << 30
+    with pytest.raises(ValueError, match="at least rotate_bytes"):
+        CaptureWriter(Path("/tmp/x"), rotate_bytes=1024, max_bytes=1023)
 
 
 def test_requests_the_proxy_answers_itself_and_rewritten_answers(tmp_path):

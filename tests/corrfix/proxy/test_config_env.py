@@ -132,6 +132,17 @@ def test_a_ready_stale_not_longer_than_the_ready_interval_is_refused(capsys):
     assert parse(*given, "--ready-stale", "45", env={"CORRFIX_READY_INTERVAL": "30"}).ready_stale == 45
 
 
+def test_a_capture_limit_below_one_file_is_refused(capsys):
+    """The file being written is never removed, so a limit below ``--capture-rotate-bytes``
+    could not be kept."""
+    given = ("proxy", "--listen", ":1", "--upstream", "h:2", "--capture-dir", "/tmp/c")
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*given, "--capture-rotate-bytes", "64M", env={"CORRFIX_CAPTURE_MAX_BYTES": "10M"})
+    assert exit_info.value.code == 2
+    assert "--capture-max-bytes (10485760) must be at least --capture-rotate-bytes" in capsys.readouterr().err
+    assert parse(*given, "--capture-max-bytes", "1G").capture_max_bytes == 1 << 30
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [

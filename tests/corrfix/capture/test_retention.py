@@ -1,0 +1,114 @@
+"""``--capture-max-bytes``: which capture files go, and which never do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corrfix.capture._retention import prune
+from corrfix.capture.format import SUMMARY_FORMAT
+
+OLD, RUNNING = "capture-20261101T000000.000000Z-aaaaaaaa", "capture-20261102T000000.000000Z-bbbbbbbb"
+
+
+def make(directory: Path, stem: str, numbers: range, size: int = 100) -> list[str]:
+    names = [f"{stem}-{n:06d}.arrows" for n in numbers]
+    for name in names:
+        (directory / name).write_bytes(b"x" * size)
+    return names
+
+
+def summary(directory: Path, stem: str, *, finished: bool) -> Path:
+    path = directory / f"{stem}.capture.json"
+    path.write_text(json.dumps({"format": SUMMARY_FORMAT, "finished": finished}))
+    return path
+
+
+def left(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_under_the_limit_nothing_goes(tmp_path):
+    make(tmp_path, RUNNING, range(1, 4))
+    assert prune(tmp_path, 300).files == ()
+    assert len(left(tmp_path)) == 3
+
+
+def test_the_oldest_go_first_older_captures_before_the_running_one(tmp_path):
+    old = make(tmp_path, OLD, range(1, 3))
+    old_summary = summary(tmp_path, OLD, finished=True)
+    running = make(tmp_path, RUNNING, range(1, 4))
+    removed = prune(tmp_path, 250)
+    assert removed.files == (*old, running[0]) and removed.bytes == 300
+    assert left(tmp_path) == running[1:]
+    assert not old_summary.exists()  # a finished capture's summary goes with its last file
+
+
+def test_a_capture_s_newest_file_stays_unless_it_finished(tmp_path):
+    """The newest file of a capture that has not finished may be the one another process is
+    writing (a ``--workers`` sibling, or this writer): removing it frees nothing."""
+    crashed = make(tmp_path, OLD, range(1, 3))
+    summary(tmp_path, OLD, finished=False)
+    running = make(tmp_path, RUNNING, range(1, 3))
+    removed = prune(tmp_path, 0)
+    assert removed.files == (crashed[0], running[0])
+    assert left(tmp_path) == sorted([crashed[1], f"{OLD}.capture.json", running[1]])
+
+
+def test_other_files_are_never_touched(tmp_path):
+    others = ["notes.arrows", ".capture-x-000001.arrows.partial", "capture-x.capture.json.tmp", "out.pcapng"]
+    for name in others:
+        (tmp_path / name).write_bytes(b"y" * 1000)
+    (tmp_path / "sub").mkdir()
+    make(tmp_path / "sub", OLD, range(1, 3))
+    summary(tmp_path / "sub", OLD, finished=True)
+    assert prune(tmp_path, 0).files == ()
+    assert len(left(tmp_path / "sub")) == 3 and set(others) <= set(left(tmp_path))
+
+
+def test_a_missing_directory_is_nothing_to_prune(tmp_path):
+    assert prune(tmp_path / "gone", 0).files == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    captures=st.lists(
+        st.tuples(
+            st.lists(st.integers(1, 500), min_size=1, max_size=5), st.sampled_from([None, False, True])
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    limit=st.integers(0, 3000),
+)
+def test_pruning_keeps_within_the_limit_whatever_it_may_and_removes_oldest_first(
+    tmp_path_factory, captures, limit
+):
+    directory = tmp_path_factory.mktemp("ring")
+    protected, order = set(), []
+    for index, (sizes, finished) in enumerate(captures):
+        stem = f"capture-2026110{index}T000000.000000Z-{index:08x}"
+        for number, size in enumerate(sizes, 1):
+            name = f"{stem}-{number:06d}.arrows"
+            (directory / name).write_bytes(b"z" * size)
+            order.append((name, size))
+        if finished is not None:
+            summary(directory, stem, finished=finished)
+        if finished is not True:
+            protected.add(f"{stem}-{len(sizes):06d}.arrows")
+    removed = prune(directory, limit)
+    remaining = [(name, size) for name, size in order if (directory / name).exists()]
+    assert protected <= {name for name, _ in remaining}
+    assert sum(size for _, size in remaining) <= limit or all(name in protected for name, _ in remaining)
+    # Oldest first, and no more than needed: the removable files in name order, up to the first
+    # that brings the total within the limit.
+    removable = [name for name, _ in order if name not in protected]
+    assert list(removed.files) == removable[: len(removed.files)]
+    sizes = dict(order)
+    if removed.files:
+        total = sum(sizes.values())
+        assert total - sum(sizes[name] for name in removed.files[:-1]) > limit
+    assert removed.bytes == sum(size for name, size in order if name in removed.files)
