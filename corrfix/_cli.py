@@ -22,6 +22,7 @@ from corrfix.proxy import (
     DEFAULT_READY_INTERVAL,
     DEFAULT_READY_STALE,
     ENV_PREFIX,
+    Bootstrap,
     ConfigError,
     ListenError,
     Proxy,
@@ -74,7 +75,12 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "CORRFIX_ variable, --config file or default), and exit",
     )
     p.add_argument("--listen", type=Address.parse, metavar="HOST:PORT", help="where clients connect")
-    p.add_argument("--upstream", type=Address.parse, metavar="HOST:PORT", help="the bootstrap broker")
+    p.add_argument(
+        "--upstream",
+        type=Bootstrap.parse,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the bootstrap broker, or several, tried in turn when one cannot be reached",
+    )
     p.add_argument(
         "--probe-after",
         type=argtypes.positive,
@@ -281,7 +287,8 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
     return ProxyConfig(
         listen=args.listen,
-        upstream=args.upstream,
+        upstream=args.upstream.addresses[0],
+        fallback_upstreams=args.upstream.addresses[1:],
         repair=RepairConfig(
             probe_after=args.probe_after,
             probe_min=args.probe_min,

@@ -101,9 +101,10 @@ class ClusterRouter:
             self._caps = decodable_max_versions()
         return self._caps
 
-    def upstream_for(self, node_id: int, fallback: Address) -> Address:
-        """Where a connection to the listener of ``node_id`` should go."""
-        return self.brokers.get(node_id, fallback)
+    def upstream_for(self, node_id: int) -> Address | None:
+        """Where a connection to the listener of ``node_id`` should go; None for the bootstrap
+        brokers (a broker that advertises the proxy itself)."""
+        return self.brokers.get(node_id)
 
     def map_address(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """An :data:`~protocol.rewrite.AddressMapper`: learn the broker, hand out its listener."""

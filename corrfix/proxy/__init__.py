@@ -5,6 +5,7 @@ It moves bytes and timers; what to do with them is decided by :mod:`corrfix.core
 
 from __future__ import annotations
 
+from ._bootstrap import Bootstrap
 from ._config import ProxyConfig
 from ._config_env import ENV_PREFIX, defaults_from_env
 from ._config_file import ConfigError, check_toml, defaults_from_toml
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_READY_INTERVAL",
     "DEFAULT_READY_STALE",
     "ENV_PREFIX",
+    "Bootstrap",
     "ConfigError",
     "ConnectionObserver",
     "ListenError",

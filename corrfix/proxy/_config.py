@@ -13,6 +13,9 @@ from protocol import DEFAULT_MAX_FRAME_SIZE
 class ProxyConfig:
     listen: Address
     upstream: Address
+    """The first bootstrap broker."""
+    fallback_upstreams: tuple[Address, ...] = ()
+    """The further bootstrap brokers, tried in turn when one cannot be reached."""
     repair: RepairConfig = field(default_factory=RepairConfig)
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     connect_timeout: float = 10.0
@@ -44,6 +47,11 @@ class ProxyConfig:
     engine: bool = True
     """Relay plaintext connections in the process's relay engine (one epoll set, one task);
     off: every connection gets tasks of its own, as TLS connections always do."""
+
+    @property
+    def bootstrap(self) -> tuple[Address, ...]:
+        """Every bootstrap broker, in the order given."""
+        return (self.upstream, *self.fallback_upstreams)
 
     @property
     def connection(self) -> ConnectionConfig:

@@ -23,6 +23,7 @@ from corrfix.core import (
     ConnectionCore,
     RepairMachine,
 )
+from corrfix.proxy._bootstrap import BootstrapOrder
 from corrfix.proxy._config import ProxyConfig
 from corrfix.proxy._engine import Relayed, current_engine
 from corrfix.proxy._metrics import ProxyMetrics
@@ -44,6 +45,8 @@ class ProxyConnection:
     """
 
     __slots__ = (
+        "_bootstrap",
+        "_candidates",
         "_client_peer",
         "_client_reader_done",
         "_client_reader_scope",
@@ -89,8 +92,9 @@ class ProxyConnection:
         conn_id: str,
         observer: ConnectionObserver | None = None,
         *,
-        upstream: Address | None = None,
+        upstream: tuple[Address, ...] = (),
         router: ClusterRouter | None = None,
+        bootstrap: BootstrapOrder | None = None,
         metrics: ProxyMetrics | None = None,
         on_closed: Callable[[ProxyConnection, Exception | None], None],
     ) -> None:
@@ -99,7 +103,10 @@ class ProxyConnection:
         self._on_closed = on_closed
         self._upstream_stream: trio.SocketStream | None = None
         self.client: trio.abc.Stream = client  # the TLS stream over it, once accepted
-        self.upstream = upstream or config.upstream
+        # Where to connect, in turn: the bootstrap brokers, or a broker's own address.
+        self._candidates = upstream or config.bootstrap
+        self._bootstrap = bootstrap
+        self.upstream = self._candidates[0]  # the one connected to, once connected
         self.conn_id = conn_id
         self.observer = observer
         self.config = config
@@ -255,28 +262,35 @@ class ProxyConnection:
             self.to_upstream.detach()
 
     async def _connect_upstream(self) -> trio.abc.Stream | None:
-        target = self.upstream
+        """Each candidate in turn, then again after a backoff, ``connect_retries`` times."""
+        candidates = self._candidates
         attempts = self.config.connect_retries + 1
         for attempt in range(1, attempts + 1):
-            try:
-                with trio.fail_after(self.config.connect_timeout):
-                    stream = await trio.open_tcp_stream(target.host, target.port)
+            for index, target in enumerate(candidates):
+                try:
+                    with trio.fail_after(self.config.connect_timeout):
+                        stream = await trio.open_tcp_stream(target.host, target.port)
+                except (OSError, trio.TooSlowError) as exc:
+                    error = str(exc) or "timeout"
+                    if attempt == attempts and index == len(candidates) - 1:
+                        self.log.error(
+                            "upstream unreachable, closing client",
+                            upstream=",".join(map(str, candidates)),
+                            attempts=attempts,
+                            error=error,
+                        )
+                        return None
+                    then = "trying the next" if index < len(candidates) - 1 else "retrying"
+                    self.log.info(f"upstream connect failed, {then}", upstream=str(target), error=error)
+                    continue
+                self.upstream = self.sinks.upstream = target
+                if self._bootstrap is not None:
+                    self._bootstrap.accepted(target)
                 # A failed TLS handshake is logged and not retried: it would fail the same way.
                 return await connect_upstream(
                     stream, self.config.tls, target.host, self.config.connect_timeout, self.log
                 )
-            except (OSError, trio.TooSlowError) as exc:
-                error = str(exc) or "timeout"
-                if attempt == attempts:
-                    self.log.error(
-                        "upstream unreachable, closing client",
-                        upstream=str(target),
-                        attempts=attempts,
-                        error=error,
-                    )
-                    return None
-                self.log.info("upstream connect failed, retrying", upstream=str(target), error=error)
-                await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
+            await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
         return None
 
     # -- the tasks: a reader and a writer per side, and the core's timer ----------------

@@ -8,8 +8,10 @@ time. A lock guards the facts, since the two run in different threads.
   engine's thread is not stuck in one pass. A loop stuck in a long computation, or
   deadlocked, stops beating; an engine pass that does not end stops every plaintext
   connection while the loop beats on. A drain is still live.
-* ready: every configured upstream answered an ApiVersions request within ``stale``
-  seconds, and the proxy is not draining. A failing verdict names each broker and how.
+* ready: a bootstrap broker (``--upstream`` may name several) answered an ApiVersions
+  request within ``stale`` seconds, and the proxy is not draining. Clients bootstrap from
+  any of them, as they would given the list themselves, so one broker down leaves the proxy
+  ready (its ``corrfix_upstream_up`` says so). A failing verdict names each broker and how.
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ class Readiness:
         with self._lock:
             checks, draining = list(self._checks.values()), self._draining
         reports = [self._report(check, now) for check in checks]
-        failures = [report.reason for report in reports if not report.ok]
+        answering = any(report.ok for report in reports)
+        failures = [] if answering else [report.reason for report in reports]
         if draining:
             failures.insert(0, "draining: the proxy takes no new connections")
         detail: dict[str, Any] = {

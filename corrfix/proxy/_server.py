@@ -14,6 +14,7 @@ import structlog
 import trio
 
 from corrfix.core import LOOPBACK, Address, ClusterRouter
+from corrfix.proxy._bootstrap import BootstrapOrder
 from corrfix.proxy._config import ProxyConfig
 from corrfix.proxy._connection import ProxyConnection, ProxyStats
 from corrfix.proxy._metrics import ProxyMetrics
@@ -67,6 +68,7 @@ class Proxy:
                 lambda: sum(c.machine.held_bytes for c in list(self._live)),
             )
         self._ids = itertools.count(1)
+        self._bootstrap = BootstrapOrder(config.bootstrap)
         self._ports: set[int] = set()
         self._listening = trio.CancelScope()
         self._connections: trio.Nursery | None = None
@@ -95,7 +97,8 @@ class Proxy:
             raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
         self._ports.update(address.port for address in bound)
-        log.info("proxy listening", listen=[str(a) for a in bound], upstream=str(self.config.upstream))
+        upstreams = [str(a) for a in self.config.bootstrap]
+        log.info("proxy listening", listen=[str(a) for a in bound], upstream=",".join(upstreams))
         async with trio.open_nursery() as connections:
             self._connections = connections
             with self._listening:
@@ -239,9 +242,11 @@ class Proxy:
             self.metrics.connections_active.inc()
         conn_id = f"c{next(self._ids)}"
         connection: ProxyConnection | None = None
-        upstream = self.config.upstream
+        candidates = self._bootstrap.candidates()
         if node_id is not None and self.router is not None:
-            upstream = self.router.upstream_for(node_id, upstream)
+            broker = self.router.upstream_for(node_id)
+            if broker is not None:
+                candidates = (broker,)
         handed_over = False
         try:
             connection = ProxyConnection(
@@ -250,8 +255,9 @@ class Proxy:
                 self.stats,
                 conn_id,
                 self.observer,
-                upstream=upstream,
+                upstream=candidates,
                 router=self.router,
+                bootstrap=self._bootstrap,
                 metrics=self.metrics,
                 on_closed=self._closed_in_engine,
             )

@@ -84,7 +84,7 @@ class ProxyService:
         reopen: Callable[[], None] | None = None,
     ) -> ProxyService:
         """The service of ``proxy``; ``checked``: check the upstream for ``/readyz``."""
-        readiness = Readiness([proxy.config.upstream], ready_stale) if checked else None
+        readiness = Readiness(proxy.config.bootstrap, ready_stale) if checked else None
         return cls(proxy, Liveness(), readiness, ready_interval=ready_interval, reopen=reopen)
 
     def live(self) -> Verdict:

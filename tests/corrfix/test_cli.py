@@ -17,7 +17,7 @@ from corrfix.lab._demo import audit_capture
 
 def test_proxy_help_documents_every_repair_option():
     text = build_parser().parse_args(["proxy", "--listen", ":1", "--upstream", "h:2"])
-    assert text.listen.port == 1 and text.upstream.host == "h"
+    assert text.listen.port == 1 and text.upstream.addresses[0].host == "h"
     help_text = subprocess.run(
         [sys.executable, "-m", "corrfix", "proxy", "--help"], capture_output=True, text=True, check=True
     ).stdout

@@ -37,8 +37,8 @@ def test_each_broker_gets_one_listener_and_is_learned():
     assert r.map_address(1, "b1-moved", 9093) == ("proxy.example", 40_001)
     assert listeners.asked == [(1, 0)]
     assert r.brokers == {1: Address("b1-moved", 9093)}
-    assert r.upstream_for(1, PROXY) == Address("b1-moved", 9093)
-    assert r.upstream_for(2, PROXY) == PROXY
+    assert r.upstream_for(1) == Address("b1-moved", 9093)
+    assert r.upstream_for(2) is None  # not learned (or advertising the proxy): the bootstrap serves
 
 
 def test_error_placeholders_and_the_proxy_itself_are_not_brokers():

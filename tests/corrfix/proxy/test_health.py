@@ -48,10 +48,18 @@ def test_not_ready_before_the_first_check():
     assert verdict.detail["reasons"] == ["127.0.0.1:9092: not checked yet"]
 
 
-def test_ready_while_every_upstream_answered_within_the_stale_limit():
+def test_ready_while_a_bootstrap_broker_answered_within_the_stale_limit():
+    """Several bootstrap brokers are a client's ``bootstrap.servers``: one that answers is
+    enough to bootstrap from, so one broker down does not make every proxy unready (and,
+    behind a Service, the whole cluster unreachable). Each broker's state is in the body."""
     readiness = Readiness([BROKER, OTHER], stale=15)
+    assert readiness.verdict(99).detail["reasons"] == [
+        "127.0.0.1:9092: not checked yet",
+        "broker-2:9092: not checked yet",
+    ]
     readiness.answered(BROKER, 100, 0.002)
-    assert readiness.verdict(100).detail["reasons"] == ["broker-2:9092: not checked yet"]
+    first = readiness.verdict(100)
+    assert first.ok and [u["ok"] for u in first.detail["upstreams"]] == [True, False]
     readiness.answered(OTHER, 101, 0.004)
     verdict = readiness.verdict(115)
     assert verdict.ok and verdict.detail["ready"] is True and "reasons" not in verdict.detail
@@ -62,9 +70,13 @@ def test_ready_while_every_upstream_answered_within_the_stale_limit():
         "answer_seconds": 0.002,
     }
     assert json.loads(verdict.body()) == verdict.detail
-    late = readiness.verdict(115.5)
+    assert readiness.verdict(115.5).ok  # the other still answered within the limit
+    late = readiness.verdict(116.5)
     assert not late.ok
-    assert late.detail["reasons"] == ["127.0.0.1:9092: no ApiVersions answer for 15.5 s (limit 15 s)"]
+    assert late.detail["reasons"] == [
+        "127.0.0.1:9092: no ApiVersions answer for 16.5 s (limit 15 s)",
+        "broker-2:9092: no ApiVersions answer for 15.5 s (limit 15 s)",
+    ]
 
 
 def test_a_failed_check_is_named_but_a_recent_answer_still_counts():
