@@ -8,7 +8,9 @@
   two or more of them were acknowledged (error 0), and ``possible_duplicate`` when fewer
   were but the acknowledged and the unanswered sends together are two or more (an answer
   was not captured, for example lost on the way back: the broker may still have appended
-  it). A send answered with an error was not appended, so it counts for neither.
+  it). A send answered with an error was not appended, so it counts for neither, except
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND and REQUEST_TIMED_OUT, which leave the records in the
+  leader's log: the pass gives those sends a null ``acknowledged``, as unanswered ones.
   ``corrfix_resends`` says how many of the sends were corrfix's re-sends: sends of one
   lineage (same capture, connection and ``lineage_id``, the client correlation id that an
   upstream request and its re-sends share); the others are separate requests, such as a

@@ -475,10 +475,19 @@ def answered_batches(facts: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return batches[mine], np.where(count[mine] > 0, answers[at], -1)
 
 
+APPENDED_MAYBE = (7, 20)
+"""Produce errors that leave the records in the leader's log: REQUEST_TIMED_OUT (the
+replicas did not follow in time) and NOT_ENOUGH_REPLICAS_AFTER_APPEND (the ISR shrank
+after the append). A client retries both, so such a send counts as unanswered: the broker
+may keep it."""
+
+
 def _acknowledged(facts: pa.Table, answer_rows: np.ndarray) -> pa.Array:
-    """Whether each answer's error code was 0 (null where there is no answer)."""
+    """Whether each answer's error code was 0 (null where there is no answer, or where the
+    error leaves the records appended: :data:`APPENDED_MAYBE`)."""
     codes = facts.column("error_code").take(pa.array(np.maximum(answer_rows, 0), mask=answer_rows < 0))
-    out = pc.equal(codes, 0)
+    maybe = pc.is_in(codes, value_set=pa.array(APPENDED_MAYBE, codes.type))
+    out = pc.if_else(maybe, pa.scalar(None, pa.bool_()), pc.equal(codes, 0))
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
@@ -494,7 +503,8 @@ def _with_answers(facts: pa.Table, batch_rows: np.ndarray, acknowledged: pa.Arra
 
 def merge_acks(facts: pa.Table) -> pa.Table:
     """Facts with each Produce batch's answer on its row (``acknowledged``: its partition's
-    error code was 0; null when no answer was captured) and the answers left out: the join
+    error code was 0; null when no answer was captured or its error leaves the records
+    appended, :data:`APPENDED_MAYBE`) and the answers left out: the join
     that pairs them is within one connection, so it happens here, not in Spark."""
     batch_rows, answer_rows = answered_batches(facts)
     return _with_answers(facts, batch_rows, _acknowledged(facts, answer_rows))

@@ -204,3 +204,24 @@ def test_sequence_problems_of_idempotent_producers(spark):
         p(20, 7, 8, 9, 1, 40, 1, "sequence_reused"),
     ]
     assertDataFrameEqual(sequence_problems(attempts(facts_df(spark, rows))), expected)
+
+
+def test_a_send_refused_after_the_leader_appended_it_may_be_a_duplicate(spark):
+    rows = [
+        batch("a", 1, 0, 111),
+        ack("a", 1, 1, error_code=20),  # NOT_ENOUGH_REPLICAS_AFTER_APPEND: in the leader's log
+        batch("a", 3, 5, 111),
+        ack("a", 3, 6),
+        batch("a", 5, 10, 222),
+        ack("a", 5, 11, error_code=7),  # REQUEST_TIMED_OUT: appended, replication not awaited
+        batch("b", 7, 15, 222),
+        ack("b", 7, 16),
+        batch("a", 9, 20, 333),
+        ack("a", 9, 21, error_code=19),  # NOT_ENOUGH_REPLICAS: refused before the append
+        batch("a", 11, 25, 333),
+        ack("a", 11, 26),
+    ]
+    assert _kinds(spark, rows) == [
+        (111, TIMESTAMP, "possible_duplicate", 2, 1, 0),
+        (222, TIMESTAMP, "possible_duplicate", 2, 1, 0),
+    ]
