@@ -40,12 +40,24 @@ def _category():  # noqa: ANN202 - a Column
 
 def leader_changes(facts: DataFrame) -> DataFrame:
     """Each partition's leader changes, in the order first seen by any client:
-    ``topic, partition, wall_ns, from_leader, to_leader, from_epoch, to_epoch``."""
+    ``topic, partition, wall_ns, from_leader, to_leader, from_epoch, to_epoch``.
+
+    Metadata answers before v7 carry no leader epoch. Where answers with epochs name the
+    same leader of the partition, one without is the same leadership as far as it can tell,
+    not a change: clients of both kinds on one cluster would otherwise give two changes
+    (to the same leader) per real one."""
     leaders = facts.filter(
         (F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0)
     )
-    seen = leaders.groupBy("topic", "partition", "leader_epoch", "leader_id").agg(
+    sightings = leaders.groupBy("topic", "partition", "leader_epoch", "leader_id").agg(
         F.min("wall_ns").alias("wall_ns")
+    )
+    same_leader = Window.partitionBy("topic", "partition", "leader_id")
+    with_epoch = F.max(F.col("leader_epoch").isNotNull().cast("int")).over(same_leader)
+    seen = (
+        sightings.withColumn("with_epoch", with_epoch)
+        .filter(F.col("leader_epoch").isNotNull() | (F.col("with_epoch") == 0))
+        .drop("with_epoch")
     )
     order = Window.partitionBy("topic", "partition").orderBy("wall_ns", "leader_epoch", "leader_id")
     with_prev = seen.select(

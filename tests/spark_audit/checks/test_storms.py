@@ -137,3 +137,20 @@ def test_rebalances_per_group_and_window(spark):
         ),
     ]
     assertDataFrameEqual(rebalances(facts_df(spark, rows), 10, threshold=2), expected)
+
+
+def test_a_leader_seen_without_its_epoch_is_no_change(spark):
+    rows = [  # a: Metadata v7 or later, with epochs; b: an older version, without
+        leader("a", 1, 10, 1, 4),
+        leader("b", 2, 20, 1, None),
+        leader("a", 3, 30, 2, 5),
+        leader("b", 4, 40, 2, None),
+        leader("b", 5, 50, 3, None),  # a leader that no answer with epochs named
+        leader("b", 6, 60, 1, None, partition=1),  # only ever seen without epochs
+        leader("b", 7, 70, 1, None, partition=1),
+    ]
+    expected = [
+        Row(topic="t", partition=0, wall_ns=30 * MS, from_leader=1, to_leader=2, from_epoch=4, to_epoch=5),
+        Row(topic="t", partition=0, wall_ns=50 * MS, from_leader=2, to_leader=3, from_epoch=5, to_epoch=None),
+    ]
+    assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
