@@ -64,7 +64,8 @@ REPORT_VERSION = 4
 """4: a Produce send answered NOT_ENOUGH_REPLICAS_AFTER_APPEND or REQUEST_TIMED_OUT counts
 as unanswered (the leader appended it), so its acknowledged retry is ``possible_duplicate``;
 a Metadata answer without leader epochs (before v7) naming a leader that answers with
-epochs named is no leader change.
+epochs named is no leader change; a Metadata answer's LEADER_NOT_AVAILABLE on a topic
+being auto-created is no ``leader_election`` error.
 
 3: a batch without a producer id is identified by topic, partition, CRC, record count,
 first timestamp and batch length (not by the CRC alone), and duplicate findings carry

@@ -1,7 +1,8 @@
 """Check 4, error storms per time window, from the broker-side answers' error codes.
 
-- ``leader_election``: NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, plus leader changes
-  (epoch or leader id) seen in Metadata answers;
+- ``leader_election``: NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE (but not on a topic
+  of a Metadata answer: that is a topic being created), plus leader changes (epoch or
+  leader id) seen in Metadata answers;
 - ``rebalance``: REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
 - ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
 - ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
@@ -13,7 +14,7 @@ requests, and the generations the JoinGroup answers handed out.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
@@ -25,6 +26,7 @@ CATEGORIES: dict[str, tuple[int, ...]] = {
     "isr_shrink": (19, 20),
     "coordinator_move": (15, 16),
 }
+LEADER_NOT_AVAILABLE = 5
 GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT)
 _JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
 GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0"
@@ -76,13 +78,26 @@ def leader_changes(facts: DataFrame) -> DataFrame:
     )
 
 
+def _topic_being_created() -> Column:
+    """A Metadata answer's LEADER_NOT_AVAILABLE on a topic rather than on a partition: the
+    broker says so, with no partitions, while it auto-creates the topic. A partition whose
+    leader is gone carries the error itself."""
+    return F.coalesce(
+        (F.col("api_key") == ApiKey.METADATA)
+        & F.col("partition").isNull()
+        & (F.col("error_code") == LEADER_NOT_AVAILABLE),
+        F.lit(False),
+    )
+
+
 def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per window and category: ``errors``, ``leader_changes``, ``connections``,
     ``error_codes`` (sorted), ``capture_ids`` (the captures whose answers carried the errors)
     and ``storm``; only windows with something in them. Windows are fixed, ``window_s`` long,
     counted from the Unix epoch (:func:`window_start`): a burst across a boundary counts in
     two windows."""
-    errors = facts.filter(F.col("fact") == "error").withColumn("category", _category())
+    errors = facts.filter((F.col("fact") == "error") & ~_topic_being_created())
+    errors = errors.withColumn("category", _category())
     errors = errors.filter(F.col("category").isNotNull()).select(
         window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
         "category",

@@ -34,32 +34,28 @@ def leader(conn, seq, wall_ms, leader_id, epoch, partition=0):
     )
 
 
+def storm_window(start_ns, category, *, errors, leader_changes, codes, storm):
+    """An :func:`error_storms` row of one connection of :data:`CAPTURE`."""
+    return Row(
+        window_start_ns=start_ns,
+        category=category,
+        errors=errors,
+        leader_changes=leader_changes,
+        connections=1,
+        error_codes=codes,
+        capture_ids=[CAPTURE],
+        storm=storm,
+    )
+
+
 def test_error_storms_per_window_and_category(spark):
     rows = [error("a", i, 6, 100 * i) for i in range(3)]  # NOT_LEADER_OR_FOLLOWER, window 0
     rows += [error("b", 10 + i, 19, 20 * S + i) for i in range(2)]  # NOT_ENOUGH_REPLICAS, window 20 s
     rows += [error("b", 20, 3, 500)]  # UNKNOWN_TOPIC_OR_PARTITION: no category
     rows += [leader("a", 30, 50, 1, 4), leader("b", 31, 60, 1, 4), leader("b", 32, 900, 2, 5)]
     expected = [
-        Row(
-            window_start_ns=0,
-            category="leader_election",
-            errors=3,
-            leader_changes=1,
-            connections=1,
-            error_codes=[6],
-            capture_ids=[CAPTURE],
-            storm=True,
-        ),
-        Row(
-            window_start_ns=20 * S * MS,
-            category="isr_shrink",
-            errors=2,
-            leader_changes=0,
-            connections=1,
-            error_codes=[19],
-            capture_ids=[CAPTURE],
-            storm=False,
-        ),
+        storm_window(0, "leader_election", errors=3, leader_changes=1, codes=[6], storm=True),
+        storm_window(20 * S * MS, "isr_shrink", errors=2, leader_changes=0, codes=[19], storm=False),
     ]
     assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=4), expected)
 
@@ -154,3 +150,12 @@ def test_a_leader_seen_without_its_epoch_is_no_change(spark):
         Row(topic="t", partition=0, wall_ns=50 * MS, from_leader=2, to_leader=3, from_epoch=5, to_epoch=None),
     ]
     assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
+
+
+def test_a_topic_being_created_is_no_leader_election(spark):
+    # The broker answers LEADER_NOT_AVAILABLE for the topic itself, with no partitions,
+    # while it auto-creates the topic; a partition without a leader has the error on it.
+    rows = [{**error("a", i, 5, 100 * i, api_key=3), "topic": "new"} for i in range(12)]
+    rows += [{**error("b", 20, 5, 50, api_key=3), "topic": "t", "partition": 0}]
+    expected = [storm_window(0, "leader_election", errors=1, leader_changes=0, codes=[5], storm=False)]
+    assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=10), expected)
