@@ -3,8 +3,9 @@ group and partition that had a successful OffsetCommit earlier in the capture.
 
 Commits count once their answer says error 0 for the partition. Times are the answers'
 wall clocks, so commits and fetches on different connections compare. A DeleteGroups
-request for the group between the commit and the fetch is reported with the loss: it
-explains it (an operator deleted the group), but the offsets are gone all the same.
+request for the group, or an OffsetDelete request for the group and partition, between
+the commit and the fetch is reported with the loss: it explains it (an operator deleted
+the group or its offsets), but the offsets are gone all the same.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
 def offset_losses(facts: DataFrame) -> DataFrame:
     """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
     the first fetch that found none (``wall_ns``, its capture and connection), how many
-    such fetches, and ``deleted_wall_ns`` of a DeleteGroups in between (else null)."""
+    such fetches, and ``deleted_wall_ns`` of a DeleteGroups for the group or an OffsetDelete
+    for the partition in between (else null)."""
     commits = successful_commits(facts).select(
         *_PARTITION, F.col("offset").alias("committed"), F.col("wall_ns").alias("committed_wall_ns")
     )
@@ -66,8 +68,13 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         F.min_by(F.struct("wall_ns", "capture_id", "connection_id"), "wall_ns").alias("first"),
         F.count("*").alias("fetches"),
     )
-    deletes = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.DELETE_GROUPS)).select(
-        "group_id", F.col("wall_ns").alias("deleted_wall_ns")
+    deletes = facts.filter(
+        (F.col("fact") == "group") & F.col("api_key").isin(ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE)
+    ).select(
+        F.col("group_id").alias("deleted_group_id"),
+        F.col("topic").alias("deleted_topic"),
+        F.col("partition").alias("deleted_partition"),
+        F.col("wall_ns").alias("deleted_wall_ns"),
     )
     flat = per_loss.select(
         *_PARTITION,
@@ -78,7 +85,12 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         F.col("first.connection_id").alias("connection_id"),
         "fetches",
     )
-    explained = flat.join(deletes, "group_id", "left").withColumn(
+    whole_group = F.col("deleted_topic").isNull()  # DeleteGroups; OffsetDelete names partitions
+    covers = (F.col("group_id") == F.col("deleted_group_id")) & (
+        whole_group
+        | ((F.col("topic") == F.col("deleted_topic")) & (F.col("partition") == F.col("deleted_partition")))
+    )
+    explained = flat.join(deletes, covers, "left").withColumn(
         "deleted_wall_ns",
         F.when(
             (F.col("deleted_wall_ns") > F.col("committed_wall_ns"))

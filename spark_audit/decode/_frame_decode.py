@@ -40,6 +40,7 @@ GROUP_REQUESTS = frozenset(
         ApiKey.LEAVE_GROUP,
         ApiKey.SYNC_GROUP,
         ApiKey.DELETE_GROUPS,
+        ApiKey.OFFSET_DELETE,
     }
 )
 REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS
@@ -123,6 +124,9 @@ def _request_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:
         for group in body.groups_names or ():
             yield {"fact": "group", "group_id": group}
         return
+    if api_key == ApiKey.OFFSET_DELETE:  # the group's committed offsets of these partitions
+        yield from (fact for fact, _ in _group_partitions(body, "group"))
+        return
     if api_key == ApiKey.OFFSET_FETCH and api_version >= OFFSET_FETCH_BATCHED:  # a batch of groups
         for group in body.groups or ():
             yield {
@@ -167,16 +171,18 @@ def _produce_batches(body: Any) -> Iterator[Fact]:
                 yield fact
 
 
-def _commits(body: Any) -> Iterator[Fact]:
+def _group_partitions(body: Any, kind: str) -> Iterator[tuple[Fact, Any]]:
+    """A fact of ``kind`` per partition a group request names (OffsetCommit, OffsetDelete),
+    with the decoded partition."""
     for topic in body.topics or ():
+        place = {"fact": kind, "group_id": body.group_id, "topic": _topic(topic)}
         for partition in topic.partitions or ():
-            yield {
-                "fact": "commit",
-                "group_id": body.group_id,
-                "topic": _topic(topic),
-                "partition": partition.partition_index,
-                "offset": partition.committed_offset,
-            }
+            yield {**place, "partition": partition.partition_index}, partition
+
+
+def _commits(body: Any) -> Iterator[Fact]:
+    for fact, partition in _group_partitions(body, "commit"):
+        yield {**fact, "offset": partition.committed_offset}
 
 
 def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:

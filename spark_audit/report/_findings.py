@@ -221,7 +221,7 @@ def offset_loss_findings(losses: DataFrame) -> DataFrame:
         F.col("topic"),
         F.col("partition"),
         F.col("last_offset"),
-        F.when(explained, F.lit(" (the group was deleted in between)")).otherwise(F.lit("")),
+        F.when(explained, F.lit(" (the group's offsets were deleted in between)")).otherwise(F.lit("")),
     )
     return _finding(
         losses,

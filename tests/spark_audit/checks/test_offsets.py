@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
@@ -9,54 +11,34 @@ from spark_audit.checks import offset_losses
 from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
 
 
+def commit(conn, seq, wall_ms, offset, partition=0, error_code=0):
+    call = functools.partial(fact, conn, api_key=8, cid=seq, topic="t", partition=partition)
+    return [
+        call(seq, "commit", direction="request", wall_ms=wall_ms, group_id="g", offset=offset),
+        call(seq + 1, "commit_ack", direction="response", wall_ms=wall_ms + 1, error_code=error_code),
+    ]
+
+
+def fetch(conn, seq, wall_ms, offset, partition=0):
+    return [
+        fact(conn, seq, "group", direction="request", api_key=9, cid=seq, wall_ms=wall_ms, group_id="g"),
+        fact(
+            conn,
+            seq + 1,
+            "fetched_offset",
+            direction="response",
+            api_key=9,
+            cid=seq,
+            wall_ms=wall_ms + 1,
+            topic="t",
+            partition=partition,
+            offset=offset,
+            error_code=0,
+        ),
+    ]
+
+
 def test_committed_offset_loss(spark):
-    def commit(conn, seq, wall_ms, offset, partition=0, error_code=0):
-        return [
-            fact(
-                conn,
-                seq,
-                "commit",
-                direction="request",
-                api_key=8,
-                cid=seq,
-                wall_ms=wall_ms,
-                group_id="g",
-                topic="t",
-                partition=partition,
-                offset=offset,
-            ),
-            fact(
-                conn,
-                seq + 1,
-                "commit_ack",
-                direction="response",
-                api_key=8,
-                cid=seq,
-                wall_ms=wall_ms + 1,
-                topic="t",
-                partition=partition,
-                error_code=error_code,
-            ),
-        ]
-
-    def fetch(conn, seq, wall_ms, offset, partition=0):
-        return [
-            fact(conn, seq, "group", direction="request", api_key=9, cid=seq, wall_ms=wall_ms, group_id="g"),
-            fact(
-                conn,
-                seq + 1,
-                "fetched_offset",
-                direction="response",
-                api_key=9,
-                cid=seq,
-                wall_ms=wall_ms + 1,
-                topic="t",
-                partition=partition,
-                offset=offset,
-                error_code=0,
-            ),
-        ]
-
     rows = (
         fetch("a", 1, 0, -1)  # nothing committed yet: not a loss
         + commit("a", 3, 10, 5)
@@ -83,3 +65,31 @@ def test_committed_offset_loss(spark):
         ),
     ]
     assertDataFrameEqual(offset_losses(facts_df(spark, rows)), expected)
+
+
+def test_offsets_deleted_by_offset_delete_explain_the_loss(spark):
+    def offset_delete(seq, wall_ms, partition):  # kafka-consumer-groups --delete-offsets
+        return fact(
+            "x",
+            seq,
+            "group",
+            direction="request",
+            api_key=47,
+            cid=seq,
+            wall_ms=wall_ms,
+            group_id="g",
+            topic="t",
+            partition=partition,
+        )
+
+    rows = (
+        commit("a", 1, 0, 5)
+        + commit("a", 3, 10, 7, partition=1)
+        + [offset_delete(5, 20, 0), offset_delete(6, 20, 2)]  # partition 1's offsets are kept
+        + fetch("b", 7, 30, -1)
+        + fetch("b", 9, 40, -1, partition=1)
+    )
+    got = offset_losses(facts_df(spark, rows)).select("partition", "deleted_wall_ns")
+    assertDataFrameEqual(
+        got, [Row(partition=0, deleted_wall_ns=20 * MS), Row(partition=1, deleted_wall_ns=None)]
+    )

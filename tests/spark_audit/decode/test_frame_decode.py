@@ -118,6 +118,14 @@ def test_group_requests_name_their_group():
     ]
     delete = request_class(42)(version=1, groups_names=["a", "b"])
     assert [f["group_id"] for f in facts_of(encode_request(delete, 1), 42, 1, "request")] == ["a", "b"]
+    cls = request_class(47)
+    topic = cls.OffsetDeleteRequestTopic(
+        name="t", partitions=[cls.OffsetDeleteRequestTopic.OffsetDeleteRequestPartition(partition_index=3)]
+    )
+    offset_delete = cls(version=0, group_id="g", topics=[topic])
+    assert facts_of(encode_request(offset_delete, 1), 47, 0, "request") == [
+        {"fact": "group", "group_id": "g", "topic": "t", "partition": 3}
+    ]
 
 
 def test_cut_and_unknown_frames():
