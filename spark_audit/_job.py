@@ -66,7 +66,8 @@ as unanswered (the leader appended it), so its acknowledged retry is ``possible_
 a Metadata answer without leader epochs (before v7) naming a leader that answers with
 epochs named is no leader change; a Metadata answer's LEADER_NOT_AVAILABLE on a topic
 being auto-created is no ``leader_election`` error; an OffsetDelete request explains a
-``committed_offset_lost`` as a DeleteGroups request does.
+``committed_offset_lost`` as a DeleteGroups request does, and a deletion the broker
+refused explains none.
 
 3: a batch without a producer id is identified by topic, partition, CRC, record count,
 first timestamp and batch length (not by the CRC alone), and duplicate findings carry

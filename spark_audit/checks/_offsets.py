@@ -5,10 +5,14 @@ Commits count once their answer says error 0 for the partition. Times are the an
 wall clocks, so commits and fetches on different connections compare. A DeleteGroups
 request for the group, or an OffsetDelete request for the group and partition, between
 the commit and the fetch is reported with the loss: it explains it (an operator deleted
-the group or its offsets), but the offsets are gone all the same.
+the group or its offsets), but the offsets are gone all the same. A deletion whose answer
+refused it explains nothing.
 """
 
 from __future__ import annotations
+
+import functools
+import operator
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -50,6 +54,26 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
     )
 
 
+def deletions(facts: DataFrame) -> DataFrame:
+    """``group_id, topic, partition, wall_ns`` (of the request) per DeleteGroups of a group
+    (topic and partition null) and OffsetDelete of a group's partition, unless the answer
+    refused it: an error for the group (DeleteGroups: GROUP_NOT_EMPTY while it has
+    members), for the partition (OffsetDelete: GROUP_SUBSCRIBED_TO_TOPIC) or for the whole
+    request (OffsetDelete: GROUP_ID_NOT_FOUND). An unanswered deletion counts."""
+    apis = F.col("api_key").isin(ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE)
+    requests = facts.filter((F.col("fact") == "group") & apis).select(*_CALL, *_PARTITION, "wall_ns")
+    refusals = facts.filter((F.col("fact") == "error") & apis).select(
+        *[F.col(name).alias(f"refused_{name}") for name in (*_CALL, *_PARTITION)]
+    )
+    same_call = [F.col(name) == F.col(f"refused_{name}") for name in _CALL]
+    # an error names what it refuses as far as the answer says: null is all of the request
+    covered = [
+        F.col(f"refused_{name}").isNull() | (F.col(f"refused_{name}") == F.col(name)) for name in _PARTITION
+    ]
+    refused = functools.reduce(operator.and_, [*same_call, *covered])
+    return requests.join(refusals, refused, "left_anti").select(*_PARTITION, "wall_ns")
+
+
 def offset_losses(facts: DataFrame) -> DataFrame:
     """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
     the first fetch that found none (``wall_ns``, its capture and connection), how many
@@ -68,9 +92,7 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         F.min_by(F.struct("wall_ns", "capture_id", "connection_id"), "wall_ns").alias("first"),
         F.count("*").alias("fetches"),
     )
-    deletes = facts.filter(
-        (F.col("fact") == "group") & F.col("api_key").isin(ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE)
-    ).select(
+    deletes = deletions(facts).select(
         F.col("group_id").alias("deleted_group_id"),
         F.col("topic").alias("deleted_topic"),
         F.col("partition").alias("deleted_partition"),

@@ -93,3 +93,30 @@ def test_offsets_deleted_by_offset_delete_explain_the_loss(spark):
     assertDataFrameEqual(
         got, [Row(partition=0, deleted_wall_ns=20 * MS), Row(partition=1, deleted_wall_ns=None)]
     )
+
+
+def test_a_deletion_the_broker_refused_explains_no_loss(spark):
+    def refused(seq, wall_ms, api_key, error_code, where, answer_names):
+        call = functools.partial(fact, "x", api_key=api_key, cid=seq)
+        return [
+            call(seq, "group", direction="request", wall_ms=wall_ms, group_id="g", **where),
+            call(
+                seq + 1,
+                "error",
+                direction="response",
+                wall_ms=wall_ms + 1,
+                error_code=error_code,
+                **answer_names,
+            ),
+        ]
+
+    partition = {"topic": "t", "partition": 0}
+    rows = (
+        commit("a", 1, 0, 5)
+        + refused(3, 10, 42, 68, {}, {"group_id": "g"})  # DeleteGroups: GROUP_NOT_EMPTY
+        + refused(5, 20, 47, 86, partition, partition)  # OffsetDelete: GROUP_SUBSCRIBED_TO_TOPIC
+        + refused(7, 30, 47, 69, partition, {})  # OffsetDelete: GROUP_ID_NOT_FOUND, for the request
+        + fetch("b", 9, 40, -1)
+    )
+    got = offset_losses(facts_df(spark, rows)).select("partition", "deleted_wall_ns")
+    assertDataFrameEqual(got, [Row(partition=0, deleted_wall_ns=None)])
