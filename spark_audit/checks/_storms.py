@@ -1,7 +1,9 @@
 """Check 4, error storms per time window, from the broker-side answers' error codes.
 
 - ``leader_election``: NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE (but not on a topic
-  of a Metadata answer: that is a topic being created), plus leader changes (epoch or
+  of a Metadata answer: that is a topic being created), FENCED_LEADER_EPOCH and
+  UNKNOWN_LEADER_EPOCH (what a Fetch v9+ carrying the consumer's leader epoch gets from a
+  broker after an election, checked before leadership), plus leader changes (epoch or
   leader id) seen in Metadata answers;
 - ``rebalance``: REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
 - ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
@@ -21,7 +23,7 @@ from protocol import ApiKey
 from spark_audit.checks._windows import window_start
 
 CATEGORIES: dict[str, tuple[int, ...]] = {
-    "leader_election": (5, 6),
+    "leader_election": (5, 6, 74, 75),
     "rebalance": (22, 25, 27),
     "isr_shrink": (19, 20),
     "coordinator_move": (15, 16),

@@ -159,3 +159,13 @@ def test_a_topic_being_created_is_no_leader_election(spark):
     rows += [{**error("b", 20, 5, 50, api_key=3), "topic": "t", "partition": 0}]
     expected = [storm_window(0, "leader_election", errors=1, leader_changes=0, codes=[5], storm=False)]
     assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=10), expected)
+
+
+def test_a_consumer_fenced_by_a_new_leader_epoch_counts_as_leader_election(spark):
+    # A Fetch v9+ carries the consumer's leader epoch; after an election, the broker checks
+    # it before leadership: FENCED_LEADER_EPOCH (an old epoch), UNKNOWN_LEADER_EPOCH (newer
+    # than the broker knows yet), where an older Fetch would get NOT_LEADER_OR_FOLLOWER.
+    rows = [error("a", i, 74, 100 * i, api_key=1) for i in range(8)]
+    rows += [error("a", 10 + i, 75, 900 + i, api_key=1) for i in range(2)]
+    expected = [storm_window(0, "leader_election", errors=10, leader_changes=0, codes=[74, 75], storm=True)]
+    assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=10), expected)
