@@ -68,7 +68,8 @@ epochs named is no leader change; a Metadata answer's LEADER_NOT_AVAILABLE on a 
 being auto-created is no ``leader_election`` error; an OffsetDelete request explains a
 ``committed_offset_lost`` as a DeleteGroups request does, and a deletion the broker
 refused explains none; FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH count in the
-``leader_election`` category.
+``leader_election`` category; a Heartbeat answered REBALANCE_IN_PROGRESS no longer counts
+in the ``rebalance`` category of the error windows.
 
 3: a batch without a producer id is identified by topic, partition, CRC, record count,
 first timestamp and batch length (not by the CRC alone), and duplicate findings carry

@@ -5,7 +5,9 @@
   UNKNOWN_LEADER_EPOCH (what a Fetch v9+ carrying the consumer's leader epoch gets from a
   broker after an election, checked before leadership), plus leader changes (epoch or
   leader id) seen in Metadata answers;
-- ``rebalance``: REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
+- ``rebalance``: REBALANCE_IN_PROGRESS (but not to a Heartbeat: that is the coordinator
+  asking a member to rejoin, once per member and rebalance), UNKNOWN_MEMBER_ID,
+  ILLEGAL_GENERATION;
 - ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
 - ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
 
@@ -29,6 +31,7 @@ CATEGORIES: dict[str, tuple[int, ...]] = {
     "coordinator_move": (15, 16),
 }
 LEADER_NOT_AVAILABLE = 5
+REBALANCE_IN_PROGRESS = 27
 GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT)
 _JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
 GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0"
@@ -92,13 +95,22 @@ def _topic_being_created() -> Column:
     )
 
 
+def _asked_to_rejoin() -> Column:
+    """A Heartbeat answered REBALANCE_IN_PROGRESS: how the coordinator asks each member to
+    rejoin, once per member and rebalance, however calm. The rebalances themselves are
+    counted per group (:func:`rebalances`)."""
+    return F.coalesce(
+        (F.col("api_key") == ApiKey.HEARTBEAT) & (F.col("error_code") == REBALANCE_IN_PROGRESS), F.lit(False)
+    )
+
+
 def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per window and category: ``errors``, ``leader_changes``, ``connections``,
     ``error_codes`` (sorted), ``capture_ids`` (the captures whose answers carried the errors)
     and ``storm``; only windows with something in them. Windows are fixed, ``window_s`` long,
     counted from the Unix epoch (:func:`window_start`): a burst across a boundary counts in
     two windows."""
-    errors = facts.filter((F.col("fact") == "error") & ~_topic_being_created())
+    errors = facts.filter((F.col("fact") == "error") & ~_topic_being_created() & ~_asked_to_rejoin())
     errors = errors.withColumn("category", _category())
     errors = errors.filter(F.col("category").isNotNull()).select(
         window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),

@@ -169,3 +169,13 @@ def test_a_consumer_fenced_by_a_new_leader_epoch_counts_as_leader_election(spark
     rows += [error("a", 10 + i, 75, 900 + i, api_key=1) for i in range(2)]
     expected = [storm_window(0, "leader_election", errors=10, leader_changes=0, codes=[74, 75], storm=True)]
     assertDataFrameEqual(error_storms(facts_df(spark, rows), 10, threshold=10), expected)
+
+
+def test_one_rebalance_of_a_large_group_is_no_rebalance_error_storm(spark):
+    # The coordinator asks each member to rejoin by answering its Heartbeat with
+    # REBALANCE_IN_PROGRESS: one such answer per member and rebalance, however calm.
+    rows = [error(f"m{i}", i, 27, 100 * i, api_key=12) for i in range(12)]
+    rows += [error("m0", 20 + i, 27, 2000 + i, api_key=14) for i in range(2)]  # SyncGroup: rebalanced again
+    rows += [error("m1", 30, 25, 3000, api_key=8)]  # OffsetCommit: UNKNOWN_MEMBER_ID, it was removed
+    got = error_storms(facts_df(spark, rows), 10, threshold=10).select("category", "errors", "storm")
+    assertDataFrameEqual(got, [Row(category="rebalance", errors=3, storm=False)])
