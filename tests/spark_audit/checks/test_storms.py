@@ -179,3 +179,18 @@ def test_one_rebalance_of_a_large_group_is_no_rebalance_error_storm(spark):
     rows += [error("m1", 30, 25, 3000, api_key=8)]  # OffsetCommit: UNKNOWN_MEMBER_ID, it was removed
     got = error_storms(facts_df(spark, rows), 10, threshold=10).select("category", "errors", "storm")
     assertDataFrameEqual(got, [Row(category="rebalance", errors=3, storm=False)])
+
+
+def test_a_partition_without_a_leader_is_no_change(spark):
+    # Its only replica's broker died: no leader (-1, LEADER_NOT_AVAILABLE) under a new
+    # epoch, then the broker came back and leads again under the next one.
+    rows = [
+        leader("a", 1, 10, 1, 4),
+        {**leader("b", 2, 20, -1, 5), "error_code": 5},
+        {**leader("a", 3, 30, -1, 5), "error_code": 5},
+        leader("b", 4, 40, 1, 6),
+    ]
+    expected = [
+        Row(topic="t", partition=0, wall_ns=40 * MS, from_leader=1, to_leader=1, from_epoch=4, to_epoch=6)
+    ]
+    assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
