@@ -120,3 +120,20 @@ def test_a_deletion_the_broker_refused_explains_no_loss(spark):
     )
     got = offset_losses(facts_df(spark, rows)).select("partition", "deleted_wall_ns")
     assertDataFrameEqual(got, [Row(partition=0, deleted_wall_ns=None)])
+
+
+def test_a_batched_offset_fetch_names_each_partitions_group_in_its_answer(spark):
+    # OffsetFetch v8+: one request for groups g and h; the answer names each partition's group.
+    call = functools.partial(fact, "b", api_key=9, cid=5, api_version=8)
+    answer = functools.partial(call, 6, "fetched_offset", direction="response", wall_ms=11, topic="t")
+    rows = [
+        *commit("a", 1, 0, 9),
+        *commit("a", 3, 2, 4, partition=1),
+        call(5, "group", direction="request", wall_ms=10, group_id="g"),
+        call(5, "group", direction="request", wall_ms=10, group_id="h"),
+        answer(group_id="g", partition=0, offset=9, error_code=0),
+        answer(group_id="g", partition=1, offset=-1, error_code=0),
+        answer(group_id="h", partition=0, offset=-1, error_code=0),  # h committed nothing: no loss
+    ]
+    got = offset_losses(facts_df(spark, rows)).select("group_id", "partition", "last_offset", "fetches")
+    assertDataFrameEqual(got, [Row(group_id="g", partition=1, last_offset=4, fetches=1)])
