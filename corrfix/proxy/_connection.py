@@ -262,35 +262,45 @@ class ProxyConnection:
             self.to_upstream.detach()
 
     async def _connect_upstream(self) -> trio.abc.Stream | None:
-        """Each candidate in turn, then again after a backoff, ``connect_retries`` times."""
-        candidates = self._candidates
+        """Each candidate in turn, then again after a backoff, ``connect_retries`` times.
+
+        A failed TLS handshake is logged and that broker not tried again by this connection
+        (it would fail the same way); the next candidate is. Only a broker that took the
+        connection, handshake included, is the one the next connections start at."""
+        candidates = list(self._candidates)
         attempts = self.config.connect_retries + 1
         for attempt in range(1, attempts + 1):
-            for index, target in enumerate(candidates):
+            for target in list(candidates):
+                last = target == candidates[-1]
                 try:
                     with trio.fail_after(self.config.connect_timeout):
                         stream = await trio.open_tcp_stream(target.host, target.port)
                 except (OSError, trio.TooSlowError) as exc:
                     error = str(exc) or "timeout"
-                    if attempt == attempts and index == len(candidates) - 1:
+                    if attempt == attempts and last:
                         self.log.error(
                             "upstream unreachable, closing client",
-                            upstream=",".join(map(str, candidates)),
+                            upstream=",".join(map(str, self._candidates)),
                             attempts=attempts,
                             error=error,
                         )
                         return None
-                    then = "trying the next" if index < len(candidates) - 1 else "retrying"
+                    then = "retrying" if last else "trying the next"
                     self.log.info(f"upstream connect failed, {then}", upstream=str(target), error=error)
                     continue
                 self.upstream = self.sinks.upstream = target
-                if self._bootstrap is not None:
-                    self._bootstrap.accepted(target)
-                # A failed TLS handshake is logged and not retried: it would fail the same way.
-                return await connect_upstream(
+                connected = await connect_upstream(
                     stream, self.config.tls, target.host, self.config.connect_timeout, self.log
                 )
-            await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
+                if connected is not None:
+                    if self._bootstrap is not None:
+                        self._bootstrap.accepted(target)
+                    return connected
+                candidates.remove(target)
+                if not candidates:
+                    return None
+            if attempt < attempts:
+                await trio.sleep(CONNECT_BACKOFF * 2 ** (attempt - 1))
         return None
 
     # -- the tasks: a reader and a writer per side, and the core's timer ----------------

@@ -760,6 +760,37 @@ async def test_plaintext_broker_behind_upstream_tls_is_named(certs):
     assert all("plaintext listener? (drop --upstream-tls)" in reason for reason in failed)
 
 
+async def test_a_bootstrap_broker_that_fails_the_handshake_is_passed_over_for_the_next(certs):
+    """With ``--upstream BAD,GOOD``, a first broker that accepted TCP and then failed the TLS
+    handshake closed the client, though the next broker would have served it; and, taken for
+    the broker that last accepted, it was tried first by every connection after."""
+
+    async def closing_broker(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)  # the ClientHello, read as a Kafka frame too big to take
+        await stream.aclose()
+
+    broker = TlsFakeBroker(context=server_context(certs))
+    tls = TlsConfig(upstream_tls=True, upstream_cafile=certs.ca)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            serve = functools.partial(trio.serve_tcp, closing_broker, 0, host=LOOPBACK)
+            listeners = await nursery.start(serve)
+            bad = Address(LOOPBACK, listeners[0].socket.getsockname()[1])
+            good = Address(LOOPBACK, await nursery.start(broker.serve))
+            config = ProxyConfig(
+                Address(LOOPBACK, 0), bad, fallback_upstreams=(good,), repair=FAST_REPAIR, tls=tls
+            )
+            port = (await nursery.start(Proxy(config).serve))[0].port
+            with trio.fail_after(10):
+                for _ in range(2):
+                    stream = await trio.open_tcp_stream(LOOPBACK, port)
+                    assert await round_trip(stream) == expected()
+                    await stream.aclose()
+            nursery.cancel_scope.cancel()
+    assert len(reasons(logs, "TLS handshake with upstream failed")) == 1  # the second starts at GOOD
+    assert [entry["upstream"] for entry in events(logs, "connection opened")] == [str(good)] * 2
+
+
 async def test_a_cancelled_upstream_handshake_closes_the_broker_socket(certs):
     """The proxy stopping while a broker has not answered the ClientHello: the socket is
     closed then, not left to the garbage collector."""
