@@ -70,11 +70,11 @@ def prune(directory: Path, max_bytes: int) -> Removed:
         try:
             (directory / name).unlink()
         except FileNotFoundError:  # another writer pruning the same directory took it
-            total -= size
-            continue
+            pass
+        else:
+            freed += size
+            removed.append(name)
         total -= size
-        freed += size
-        removed.append(name)
         left[stem] -= 1
         if not left[stem] and stem in finished:
             (directory / f"{stem}{SUMMARY_SUFFIX}").unlink(missing_ok=True)

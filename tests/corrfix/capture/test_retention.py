@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corrfix.capture import _retention as retention
 from corrfix.capture._retention import prune
 from corrfix.capture.format import SUMMARY_FORMAT
 
@@ -67,6 +68,26 @@ def test_other_files_are_never_touched(tmp_path):
     summary(tmp_path / "sub", OLD, finished=True)
     assert prune(tmp_path, 0).files == ()
     assert len(left(tmp_path / "sub")) == 3 and set(others) <= set(left(tmp_path))
+
+
+def test_a_finished_capture_s_summary_goes_when_another_writer_took_some_of_its_files(tmp_path, monkeypatch):
+    """Two ``--workers`` writers pruning at once: the other took the finished capture's first
+    file between this one's listing and its removing. The capture's files are all gone, so its
+    summary goes too, not left behind for ever naming files that are not there."""
+    old = make(tmp_path, OLD, range(1, 3))
+    old_summary = summary(tmp_path, OLD, finished=True)
+    running = make(tmp_path, RUNNING, range(1, 3))
+    finished = retention._finished
+
+    def the_other_writer_prunes_meanwhile(path: Path) -> bool:
+        (tmp_path / old[0]).unlink(missing_ok=True)
+        return finished(path)
+
+    monkeypatch.setattr(retention, "_finished", the_other_writer_prunes_meanwhile)
+    removed = prune(tmp_path, 200)
+    assert removed.files == (old[1],) and removed.bytes == 100
+    assert left(tmp_path) == running
+    assert not old_summary.exists()
 
 
 def test_a_missing_directory_is_nothing_to_prune(tmp_path):
