@@ -28,10 +28,12 @@ _CAPTURE_FILE = re.compile(r"^(capture-.+)-\d{6,}" + re.escape(FILE_SUFFIX) + "$
 
 @dataclass(frozen=True)
 class Removed:
-    """What one pruning removed: capture files, and the bytes they held."""
+    """What one pruning removed: capture files, and the bytes they held; and the capture
+    files left in the directory (what another writer removed is in neither)."""
 
     files: tuple[str, ...] = ()
     bytes: int = 0
+    left: frozenset[str] = frozenset()
 
 
 def prune(directory: Path, max_bytes: int) -> Removed:
@@ -54,13 +56,14 @@ def prune(directory: Path, max_bytes: int) -> Removed:
             continue
     total = sum(size for _, _, size in files)
     if total <= max_bytes:
-        return Removed()
+        return Removed(left=frozenset(name for name, _, _ in files))
     newest = {stem: name for name, stem, _ in files}
     finished = {stem for stem in newest if _finished(directory / f"{stem}{SUMMARY_SUFFIX}")}
     left = {stem: 0 for stem in newest}
     for _, stem, _ in files:
         left[stem] += 1
     removed: list[str] = []
+    taken: set[str] = set()  # by another writer, between the listing and the removing
     freed = 0
     for name, stem, size in files:
         if total <= max_bytes:
@@ -70,7 +73,7 @@ def prune(directory: Path, max_bytes: int) -> Removed:
         try:
             (directory / name).unlink()
         except FileNotFoundError:  # another writer pruning the same directory took it
-            pass
+            taken.add(name)
         else:
             freed += size
             removed.append(name)
@@ -78,7 +81,8 @@ def prune(directory: Path, max_bytes: int) -> Removed:
         left[stem] -= 1
         if not left[stem] and stem in finished:
             (directory / f"{stem}{SUMMARY_SUFFIX}").unlink(missing_ok=True)
-    return Removed(tuple(removed), freed)
+    gone = set(removed) | taken
+    return Removed(tuple(removed), freed, frozenset(name for name, _, _ in files if name not in gone))
 
 
 def _finished(summary: Path) -> bool:

@@ -352,11 +352,14 @@ class CaptureWriter:
         except OSError as exc:
             self._log_error("capture files could not be pruned", exc)
             return False
+        # Of this capture's files, those not left: removed here, or by another writer pruning
+        # the same directory (a --workers sibling), which counts them in its own summary.
+        own = {path.name for path in self._files.files} - self._removed
+        gone = own - removed.left
+        self._removed.update(gone)
+        self._summary.forget(gone | set(removed.files))
         if not removed.files:
-            return False
-        own = {path.name for path in self._files.files}
-        self._removed.update(name for name in removed.files if name in own)
-        self._summary.forget(removed.files)
+            return bool(gone)
         self._summary.files_removed += len(removed.files)
         self._summary.bytes_removed += removed.bytes
         log.info(

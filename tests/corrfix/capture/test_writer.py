@@ -397,6 +397,31 @@ def test_a_new_capture_removes_what_earlier_runs_left_first(tmp_path):
     assert new.stats.files_removed == 4
 
 
+def test_a_capture_s_summary_leaves_out_its_files_another_writer_removed(tmp_path):
+    """``--workers``: each worker's writer prunes the one directory, so one removes another's
+    older files. The other's summary went on naming them in ``files`` and in the connection
+    index the audit plans from, though they were gone."""
+    first, first_shell = ring_writer(tmp_path, max_bytes=1 << 30)
+    for i in range(3):
+        first_shell.client_sends(request_frame(ApiKey.METADATA, i, i))
+        first.flush(timeout=10)
+    mine = capture_files(tmp_path)
+    second, second_shell = ring_writer(tmp_path, max_bytes=sum(f.stat().st_size for f in mine[-2:]))
+    second_shell.client_sends(request_frame(ApiKey.METADATA, 9, 9))
+    second.flush(timeout=10)
+    second.close()
+    assert second.stats.files_removed > 0
+    first_shell.client_sends(request_frame(ApiKey.METADATA, 3, 3))
+    first.flush(timeout=10)
+    kept = [path.name for path in first.stats.files if path.exists()]
+    summary = json.loads(first.summary_path.read_text())
+    first.close()
+    assert len(kept) < len(first.stats.files)
+    assert summary["files"] == kept
+    assert set(summary["connections"]) == set(kept)
+    assert summary["files_removed"] == 0  # the other writer removed them, and counts them
+
+
 def test_command_line_options():
     parser = argparse.ArgumentParser()
     add_capture_arguments(parser)
