@@ -91,7 +91,12 @@ def convert_setting(action: argparse.Action, value: Any, key: str) -> Any:
         # A TOML number goes through the flag's checks as its text: 0 is no more a valid
         # --ready-interval in a file than on the command line.
         text = str(item) if isinstance(item, int | float) and not isinstance(item, bool) else item
-        if callable(convert) and isinstance(text, str):
+        if callable(convert) and not isinstance(text, str):
+            # A list, a table, a date or true where the flag takes text: unconverted, it would
+            # reach the proxy as something no flag gives (a list of brokers: write them in one
+            # string, as on the command line).
+            raise ConfigError(f'{key} must be a string: "{action.metavar or action.dest.upper()}"')
+        if callable(convert):
             try:
                 item = convert(text)
             except (ValueError, argparse.ArgumentTypeError) as exc:

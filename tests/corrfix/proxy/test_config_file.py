@@ -46,6 +46,8 @@ def test_flags_override_the_file(tmp_path):
         ('produce-policy = "sometimes"\nlisten = "h:1"\nupstream = "h:2"', "must be one of"),
         ('rewrite = "yes"\nlisten = "h:1"\nupstream = "h:2"', "true or false"),
         ("listen = [", "cannot read config"),
+        ('listen = "h:1"\nupstream = ["h:2", "h:3"]', 'upstream must be a string: "HOST:PORT[,'),
+        ('listen = ["h:1"]\nupstream = "h:2"', 'listen must be a string: "HOST:PORT"'),
     ],
 )
 def test_bad_files_are_clear_errors(tmp_path, capsys, text, message):
@@ -128,6 +130,16 @@ def test_check_config_refuses_what_the_proxy_refuses_to_start_with(tmp_path, cap
     assert conflict in capsys.readouterr().err
     result = check_config(file)
     assert result.returncode == 1 and conflict in result.stderr
+
+
+def test_check_config_refuses_a_list_where_the_flag_takes_a_string(tmp_path):
+    """A TOML list of bootstrap brokers passed the file's checks unconverted, and check-config
+    (and corrfix proxy) then failed with a traceback: --upstream takes them in one string."""
+    file = tmp_path / "c.toml"
+    file.write_text('listen = "h:1"\nupstream = ["h:2", "h:3"]\n')
+    result = check_config(file)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f'{file}: upstream must be a string: "HOST:PORT[,HOST:PORT...]"'
 
 
 def test_check_config_reports_an_unreadable_file(tmp_path):
