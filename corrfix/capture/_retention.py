@@ -6,14 +6,19 @@ removes the oldest capture files once the directory's files total more than the 
 
 Any capture's files count and may go, oldest name first (names sort by capture start, then
 file number), so captures left by earlier runs are removed before the running one's. The
-newest file of a capture is kept unless its summary says the capture finished: it may be
-the file another process (a ``--workers`` sibling) is writing, and removing a file being
-written frees no space. Several writers pruning one directory at once may each remove a
-file; one that is already gone is skipped.
+newest file of a capture is kept while its writer may still be writing it: removing a file
+being written frees no space. A writer holds a lock on ``.<stem>.lock`` for as long as it
+runs (:func:`hold`); the kernel lets go of it when the process ends, however it ends. So the
+newest file goes once the capture's summary says it finished, or once its lock file is
+there but nobody holds it (the proxy crashed or was killed), and a capture that left no lock
+file (an import, an older writer) keeps it. Several writers pruning one directory at once
+may each remove a file; one that is already gone is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -36,10 +41,51 @@ class Removed:
     left: frozenset[str] = frozenset()
 
 
+def lock_path(directory: Path, stem: str) -> Path:
+    return directory / f".{stem}.lock"
+
+
+def hold(directory: Path, stem: str) -> int:
+    """Take the capture's lock for as long as its writer runs; the descriptor to
+    :func:`release`. Nobody else holds a new capture's lock, so this never waits."""
+    fd = os.open(lock_path(directory, stem), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(directory: Path, stem: str, fd: int) -> None:
+    """The writer has finished: its lock file goes (before the lock, so that no pruner
+    takes the capture for a crashed one meanwhile)."""
+    with contextlib.suppress(OSError):
+        lock_path(directory, stem).unlink()
+    os.close(fd)
+
+
+def _abandoned(directory: Path, stem: str) -> bool:
+    """The capture's lock file is there and nobody holds it: its writer ended without
+    finishing (a crash, a kill), so none of its files is being written."""
+    try:
+        fd = os.open(lock_path(directory, stem), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: an import, or an older writer that may still run
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: the writer runs
+    else:
+        return True
+    finally:
+        os.close(fd)
+
+
 def prune(directory: Path, max_bytes: int) -> Removed:
     """Remove the oldest capture files in ``directory`` (not below it) until its capture files
-    total at most ``max_bytes``, keeping the newest file of every capture not finished; the
-    summary of a finished capture goes with its last file."""
+    total at most ``max_bytes``, keeping the newest file of every capture that may still be
+    written; the summary (and lock file) of a capture that is over goes with its last file."""
     files: list[tuple[str, str, int]] = []  # name, stem, size, in name order
     try:
         entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
@@ -58,7 +104,11 @@ def prune(directory: Path, max_bytes: int) -> Removed:
     if total <= max_bytes:
         return Removed(left=frozenset(name for name, _, _ in files))
     newest = {stem: name for name, stem, _ in files}
-    finished = {stem for stem in newest if _finished(directory / f"{stem}{SUMMARY_SUFFIX}")}
+    finished = {
+        stem
+        for stem in newest
+        if _finished(directory / f"{stem}{SUMMARY_SUFFIX}") or _abandoned(directory, stem)
+    }
     left = {stem: 0 for stem in newest}
     for _, stem, _ in files:
         left[stem] += 1
@@ -81,6 +131,7 @@ def prune(directory: Path, max_bytes: int) -> Removed:
         left[stem] -= 1
         if not left[stem] and stem in finished:
             (directory / f"{stem}{SUMMARY_SUFFIX}").unlink(missing_ok=True)
+            lock_path(directory, stem).unlink(missing_ok=True)
     gone = set(removed) | taken
     return Removed(tuple(removed), freed, frozenset(name for name, _, _ in files if name not in gone))
 

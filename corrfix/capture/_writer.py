@@ -36,7 +36,7 @@ from corrfix.capture._options import (
     DEFAULT_SNAPLEN,
 )
 from corrfix.capture._recorder import Recorder
-from corrfix.capture._retention import prune
+from corrfix.capture._retention import hold, prune, release
 from corrfix.capture._summary import SUMMARY_SUFFIX, CaptureSummary, write_summary
 from corrfix.capture.format import Source, schema_for
 from corrfix.core import Event
@@ -100,7 +100,7 @@ class CaptureWriter:
         self._source = Source.PROXY.value
         self.flush_seconds = flush_seconds
         started = time.time_ns()
-        stem = capture_stem(self.capture_id, started)
+        stem = self._stem = capture_stem(self.capture_id, started)
         self.summary_path = directory / f"{stem}{SUMMARY_SUFFIX}"
         self._summary = CaptureSummary(self.capture_id, Source.PROXY.value, started, snaplen=snaplen)
         self._queue = RowColumns(queue_rows, queue_bytes)
@@ -124,6 +124,7 @@ class CaptureWriter:
         self._unindexed: set[str] = set()  # files left out of the summary's connection index
         self._removed: set[str] = set()  # this capture's own files removed under max_bytes
         self._pruned_at = -1  # bytes written when the directory was last pruned
+        self._lock: int | None = None  # held while the writer runs: pruners keep its newest file
 
     # -- ConnectionObserver: called by the relay, in its thread --------------------------
 
@@ -156,6 +157,10 @@ class CaptureWriter:
 
     def start(self) -> CaptureWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock = hold(self.directory, self._stem)
+        except OSError as exc:  # without it, pruners keep this capture's newest file all the same
+            log.warning("capture lock not taken", directory=str(self.directory), error=str(exc))
         self._prune()  # what earlier runs left may already be over the limit
         self._write_summary()
         self._thread.start()
@@ -263,6 +268,9 @@ class CaptureWriter:
                     log.error("capture file could not be finished", error=str(exc))
                 self._summary.finished = stopped
                 self._write_summary()
+                if self._lock is not None:
+                    release(self.directory, self._stem, self._lock)
+                    self._lock = None
             finally:  # a flush waits for this
                 with self._progress:
                     self._ended = True

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture import _retention as retention
-from corrfix.capture._retention import prune
+from corrfix.capture._retention import hold, lock_path, prune, release
 from corrfix.capture.format import SUMMARY_FORMAT
 
 OLD, RUNNING = "capture-20261101T000000.000000Z-aaaaaaaa", "capture-20261102T000000.000000Z-bbbbbbbb"
@@ -57,6 +58,27 @@ def test_a_capture_s_newest_file_stays_unless_it_finished(tmp_path):
     removed = prune(tmp_path, 0)
     assert removed.files == (crashed[0], running[0])
     assert left(tmp_path) == sorted([crashed[1], f"{OLD}.capture.json", running[1]])
+
+
+def test_the_newest_file_of_a_capture_whose_writer_died_goes_too(tmp_path):
+    """A proxy killed or crashed never says its capture finished: each such stop left its
+    newest file for good, up to --capture-rotate-bytes each, beyond the limit. Its lock file
+    is there but nobody holds it (the kernel let go), so its writer is known to be gone."""
+    dead = make(tmp_path, OLD, range(1, 3))
+    summary(tmp_path, OLD, finished=False)
+    release_later = hold(tmp_path, OLD)
+    running = make(tmp_path, RUNNING, range(1, 3))
+    alive = hold(tmp_path, RUNNING)
+    try:
+        assert prune(tmp_path, 0).files == (dead[0], running[0])  # both writers hold their locks
+        os.close(release_later)  # as the kernel does when the process dies
+        removed = prune(tmp_path, 0)
+        assert removed.files == (dead[1],)
+        assert not (tmp_path / f"{OLD}.capture.json").exists() and not lock_path(tmp_path, OLD).exists()
+        assert left(tmp_path) == [f".{RUNNING}.lock", running[1]]
+    finally:
+        release(tmp_path, RUNNING, alive)
+    assert left(tmp_path) == [running[1]]
 
 
 def test_other_files_are_never_touched(tmp_path):

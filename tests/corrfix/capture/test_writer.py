@@ -26,6 +26,7 @@ from corrfix.capture import (
     read_summaries,
     render_info,
 )
+from corrfix.capture._retention import hold, lock_path
 from corrfix.capture.format import CAPTURE_ID_KEY, CAPTURE_SCHEMA, SOURCE_KEY, Source, schema_for
 from corrfix.core import RepairConfig
 from corrfix.proxy import _logs as proxy_logs
@@ -377,6 +378,18 @@ def test_a_capture_keeps_its_directory_within_max_bytes_oldest_files_first(tmp_p
     assert any(e["event"] == "capture files removed" and e["max_bytes"] == 12_000 for e in logs)
     shown = render_info(capture_info(tmp_path))
     assert f"removed {stats.files_removed} older files (--capture-max-bytes)" in shown
+
+
+def test_a_running_capture_holds_its_lock_and_lets_go_when_it_closes(tmp_path):
+    """Other writers pruning the directory (--workers siblings, a restarted proxy) keep the
+    newest file of a capture whose lock is held, and take it once the lock is free."""
+    writer = CaptureWriter(tmp_path, flush_seconds=60.0).start()
+    lock = lock_path(tmp_path, writer.summary_path.name.removesuffix(".capture.json"))
+    assert lock.exists()
+    with pytest.raises(BlockingIOError):
+        hold(tmp_path, lock.name[1:].removesuffix(".lock"))
+    writer.close()
+    assert not lock.exists()
 
 
 def test_a_new_capture_removes_what_earlier_runs_left_first(tmp_path):
