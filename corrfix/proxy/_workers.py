@@ -66,8 +66,8 @@ serves of its own (outside the ``CORRFIX_`` settings, so no option, variable or 
 OWN_ENDPOINT = Address("127.0.0.1", 0)
 
 Slot = Address | Literal["starting", "exited"]
-_T = TypeVar("_T")
 """What the supervisor knows of a worker's endpoint: where it serves, or why it serves nowhere."""
+_T = TypeVar("_T")
 
 
 def endpoints_to_serve(

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from corrfix._cli import build_parser, proxy_config_from_args
+from corrfix._cli import _with_config_file, build_parser, proxy_config_from_args
 from corrfix._netutil import free_ports
 from corrfix.core import Address
 from corrfix.lab import CorrfixProcess, workload
@@ -32,14 +32,26 @@ def test_a_list_that_cannot_work_is_refused(text, message):
         Bootstrap.parse(text)
 
 
-def test_the_command_line_variable_and_print_config_take_the_list(capsys):
+def settings(*argv: str, env: dict[str, str] | None = None):
+    """``corrfix proxy``'s settings as its command line, its variables and its file give them."""
     parser = build_parser()
-    args = parser.parse_args(["proxy", "--listen", ":9", "--upstream", "a:1,b:2,c:3"])
+    return _with_config_file(parser, parser.parse_args(["proxy", *argv]), ["proxy", *argv], env or {})
+
+
+def test_the_command_line_variable_and_print_config_take_the_list(capsys, tmp_path):
+    args = settings("--listen", ":9", "--upstream", "a:1,b:2,c:3")
     config = proxy_config_from_args(args)
     assert (config.upstream, config.fallback_upstreams, config.bootstrap) == (A, (B, C), (A, B, C))
+    from_env = settings("--listen", ":9", env={"CORRFIX_UPSTREAM": "b:2, c:3"})
+    assert proxy_config_from_args(from_env).bootstrap == (B, C)
+    file = tmp_path / "c.toml"
+    file.write_text('[proxy]\nlisten = ":9"\nupstream = "c:3,a:1"\n')
+    assert proxy_config_from_args(settings("--config", str(file))).bootstrap == (C, A)
     with pytest.raises(SystemExit):
-        parser.parse_args(["proxy", "--listen", ":9", "--upstream", "a:1,a:1"])
+        settings("--listen", ":9", "--upstream", "a:1,a:1")
     assert "--upstream" in capsys.readouterr().err
+    settings("--config", str(file), "--print-config")
+    assert 'upstream = "c:3,a:1"' in capsys.readouterr().out
 
 
 def test_connections_start_at_the_broker_that_last_accepted_one():
