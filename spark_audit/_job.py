@@ -28,6 +28,7 @@ from spark_audit.checks import (
     attempts,
     duplicates_of_sends,
     error_storms,
+    isr_shrinks,
     leader_changes,
     offset_losses,
     rebalances,
@@ -48,6 +49,7 @@ from spark_audit.report import (
     client_view_findings,
     duplicate_findings,
     error_name,
+    isr_shrink_findings,
     leader_change_findings,
     offset_loss_findings,
     rebalance_findings,
@@ -60,8 +62,14 @@ from spark_audit.report import (
 from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
-REPORT_VERSION = 4
-"""4: a Produce send answered NOT_ENOUGH_REPLICAS_AFTER_APPEND or REQUEST_TIMED_OUT counts
+REPORT_VERSION = 5
+"""5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
+shrink however many clients saw it) count in the ``isr_shrink`` category of the error
+windows (their new ``isr_shrinks`` column), and each gives an ``isr_shrink`` finding and a
+``storms.isr_shrinks`` row (how long the partition was under-replicated, its smallest
+ISR); the facts' ``leader`` rows carry ``isr_size`` and ``replica_size``.
+
+4: a Produce send answered NOT_ENOUGH_REPLICAS_AFTER_APPEND or REQUEST_TIMED_OUT counts
 as unanswered (the leader appended it), so its acknowledged retry is ``possible_duplicate``;
 a Metadata answer without leader epochs (before v7) naming a leader that answers with
 epochs named is no leader change; a Metadata answer's LEADER_NOT_AVAILABLE on a topic
@@ -335,11 +343,14 @@ class _AuditRun:
         self.tables.append(
             _Table("storms.rebalances", groups.filter(GROUP_ACTIVITY), ("window_start_ns", "group_id"))
         )
+        shrinks = isr_shrinks(self.facts)
         self.tables.append(_Table("storms.leader_changes", changes, ("wall_ns", "topic", "partition")))
+        self.tables.append(_Table("storms.isr_shrinks", shrinks, ("wall_ns", "topic", "partition")))
         return (
             storm_findings(windows, o.window_s)
             .unionByName(rebalance_findings(groups, o.window_s))
             .unionByName(leader_change_findings(changes))
+            .unionByName(isr_shrink_findings(shrinks))
         )
 
     def offsets(self) -> DataFrame | None:
@@ -463,6 +474,7 @@ def _fill(report: dict[str, Any], got: dict[str, list[dict[str, Any]]]) -> None:
             "windows": windows,
             "rebalances": got.get("storms.rebalances", []),
             "leader_changes": got.get("storms.leader_changes", []),
+            "isr_shrinks": got.get("storms.isr_shrinks", []),
         }
 
 

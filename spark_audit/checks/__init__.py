@@ -15,7 +15,7 @@ from ._client_view import client_pairs, client_view
 from ._latency import latencies, latency_by_api, latency_by_window, slow_requests
 from ._offsets import offset_losses
 from ._produce import attempts, batch_sends, duplicate_batches, duplicates_of_sends, sequence_problems
-from ._storms import CATEGORIES, GROUP_ACTIVITY, error_storms, leader_changes, rebalances
+from ._storms import CATEGORIES, GROUP_ACTIVITY, error_storms, isr_shrinks, leader_changes, rebalances
 from ._upstream_ordering import upstream_pairs, upstream_skips, upstream_strays
 from ._windows import window_start
 
@@ -29,6 +29,7 @@ __all__ = [
     "duplicate_batches",
     "duplicates_of_sends",
     "error_storms",
+    "isr_shrinks",
     "latencies",
     "latency_by_api",
     "latency_by_window",

@@ -8,10 +8,12 @@
 - ``rebalance``: REBALANCE_IN_PROGRESS (but not to a Heartbeat: that is the coordinator
   asking a member to rejoin, once per member and rebalance), UNKNOWN_MEMBER_ID,
   ILLEGAL_GENERATION;
-- ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
+- ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, plus ISR shrinks
+  (fewer in-sync replicas than replicas) seen in Metadata answers;
 - ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
 
-A window is a storm when its errors plus leader changes reach ``threshold``. Rebalances
+A window is a storm when its errors plus leader changes plus ISR shrinks reach
+``threshold``. Rebalances
 are also counted per consumer group and window: JoinGroup, SyncGroup and LeaveGroup
 requests, and the generations the JoinGroup answers handed out.
 """
@@ -53,11 +55,10 @@ def leader_changes(facts: DataFrame) -> DataFrame:
     same leader of the partition, one without is the same leadership as far as it can tell,
     not a change: clients of both kinds on one cluster would otherwise give two changes
     (to the same leader) per real one."""
-    leaders = facts.filter(
-        (F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0)
-    )
-    sightings = leaders.groupBy("topic", "partition", "leader_epoch", "leader_id").agg(
-        F.min("wall_ns").alias("wall_ns")
+    sightings = (
+        _leaders(facts)
+        .groupBy("topic", "partition", "leader_epoch", "leader_id")
+        .agg(F.min("wall_ns").alias("wall_ns"))
     )
     same_leader = Window.partitionBy("topic", "partition", "leader_id")
     with_epoch = F.max(F.col("leader_epoch").isNotNull().cast("int")).over(same_leader)
@@ -83,6 +84,55 @@ def leader_changes(facts: DataFrame) -> DataFrame:
     )
 
 
+def _leaders(facts: DataFrame) -> DataFrame:
+    """The ``leader`` facts of partitions with a leader, read without error."""
+    return facts.filter((F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0))
+
+
+def isr_shrinks(facts: DataFrame) -> DataFrame:
+    """Each partition's ISR shrinks, in the order first seen by any client: ``topic,
+    partition, wall_ns`` (the first answer with fewer in-sync replicas than replicas),
+    ``replicas``, ``min_isr`` (the fewest in sync any answer listed before the return),
+    ``last_under_wall_ns`` (the last answer still short), ``expanded_wall_ns`` (the first
+    answer with every replica in sync again; null: none in the capture) and
+    ``under_replicated_ms`` (to the return, or at least to the last answer still short).
+
+    The answers of every client make one timeline per partition, so a shrink that several
+    clients saw is one shrink, from the first answer that showed it to the first that no
+    longer did. A partition already short in the capture's first answer counts as a shrink
+    there."""
+    seen = _leaders(facts).filter(F.col("isr_size").isNotNull() & F.col("replica_size").isNotNull())
+    under = F.col("isr_size") < F.col("replica_size")
+    order = Window.partitionBy("topic", "partition").orderBy("wall_ns", "isr_size", "replica_size")
+    sightings = seen.select("topic", "partition", "wall_ns", "isr_size", "replica_size", under.alias("under"))
+    starts = F.col("under") & ~F.coalesce(F.lag("under").over(order), F.lit(False))
+    so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    numbered = sightings.withColumn("shrink", F.sum(starts.cast("int")).over(so_far))
+    short, back = F.col("under"), ~F.col("under")
+    episodes = (
+        numbered.filter(F.col("shrink") > 0)
+        .groupBy("topic", "partition", "shrink")
+        .agg(
+            F.min(F.when(short, F.col("wall_ns"))).alias("wall_ns"),
+            F.max(F.when(short, F.col("replica_size"))).alias("replicas"),
+            F.min(F.when(short, F.col("isr_size"))).alias("min_isr"),
+            F.max(F.when(short, F.col("wall_ns"))).alias("last_under_wall_ns"),
+            F.min(F.when(back, F.col("wall_ns"))).alias("expanded_wall_ns"),
+        )
+    )
+    until = F.coalesce(F.col("expanded_wall_ns"), F.col("last_under_wall_ns"))
+    return episodes.select(
+        "topic",
+        "partition",
+        "wall_ns",
+        "replicas",
+        "min_isr",
+        "last_under_wall_ns",
+        "expanded_wall_ns",
+        ((until - F.col("wall_ns")) / 1e6).alias("under_replicated_ms"),
+    )
+
+
 def _topic_being_created() -> Column:
     """A Metadata answer's LEADER_NOT_AVAILABLE on a topic rather than on a partition: the
     broker says so, with no partitions, while it auto-creates the topic. A partition whose
@@ -104,8 +154,25 @@ def _asked_to_rejoin() -> Column:
     )
 
 
+def _sightings(
+    events: DataFrame, window_s: float, category: str, change: int = 0, shrink: int = 0
+) -> DataFrame:
+    """Events read from Metadata answers (leader changes, ISR shrinks) as rows of the error
+    windows: counted once each, on no connection."""
+    return events.select(
+        window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
+        F.lit(category).alias("category"),
+        F.lit(0).alias("error"),
+        F.lit(change).alias("change"),
+        F.lit(shrink).alias("shrink"),
+        F.lit(None).cast("string").alias("connection"),
+        F.lit(None).cast("short").alias("error_code"),
+        F.lit(None).cast("string").alias("capture_id"),
+    )
+
+
 def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
-    """Per window and category: ``errors``, ``leader_changes``, ``connections``,
+    """Per window and category: ``errors``, ``leader_changes``, ``isr_shrinks``, ``connections``,
     ``error_codes`` (sorted), ``capture_ids`` (the captures whose answers carried the errors)
     and ``storm``; only windows with something in them. Windows are fixed, ``window_s`` long,
     counted from the Unix epoch (:func:`window_start`): a burst across a boundary counts in
@@ -117,31 +184,28 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
         "category",
         F.lit(1).alias("error"),
         F.lit(0).alias("change"),
+        F.lit(0).alias("shrink"),
         F.concat_ws("/", "capture_id", "connection_id").alias("connection"),
         "error_code",
         "capture_id",
     )
-    changes = leader_changes(facts).select(
-        window_start(F.col("wall_ns"), window_s).alias("window_start_ns"),
-        F.lit("leader_election").alias("category"),
-        F.lit(0).alias("error"),
-        F.lit(1).alias("change"),
-        F.lit(None).cast("string").alias("connection"),
-        F.lit(None).cast("short").alias("error_code"),
-        F.lit(None).cast("string").alias("capture_id"),
-    )
+    changes = _sightings(leader_changes(facts), window_s, "leader_election", change=1)
+    shrinks = _sightings(isr_shrinks(facts), window_s, "isr_shrink", shrink=1)
     windows = (
         errors.unionByName(changes)
+        .unionByName(shrinks)
         .groupBy("window_start_ns", "category")
         .agg(
             F.sum("error").alias("errors"),
             F.sum("change").alias("leader_changes"),
+            F.sum("shrink").alias("isr_shrinks"),
             F.count_distinct("connection").alias("connections"),
             F.sort_array(F.collect_set("error_code")).alias("error_codes"),
             F.sort_array(F.collect_set("capture_id")).alias("capture_ids"),
         )
     )
-    return windows.withColumn("storm", (F.col("errors") + F.col("leader_changes")) >= threshold)
+    counted = F.col("errors") + F.col("leader_changes") + F.col("isr_shrinks")
+    return windows.withColumn("storm", counted >= threshold)
 
 
 def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:

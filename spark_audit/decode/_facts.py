@@ -53,6 +53,8 @@ FACT_SCHEMA = pa.schema(
         pa.field("acks", pa.int16()),
         pa.field("transactional_id", pa.string()),
         pa.field("note", pa.string()),
+        pa.field("isr_size", pa.int32()),
+        pa.field("replica_size", pa.int32()),
     ]
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
@@ -61,7 +63,10 @@ that apply to it (see :mod:`._frame_decode`). A ``produce_batch`` carries its v2
 header's ``first_timestamp`` and ``batch_length`` (the header's length field), which with
 topic, partition, CRC and record count identify a batch without a producer id, and
 ``lineage_id``: on a proxy capture's upstream request, the client correlation id it
-carries, which corrfix's re-sends of it share (null on wire captures: no lineage)."""
+carries, which corrfix's re-sends of it share (null on wire captures: no lineage). A
+``leader`` fact (a partition of a Metadata answer) carries ``isr_size`` and
+``replica_size``, how many in-sync replicas and replicas the answer lists: fewer in sync
+than replicas is an under-replicated partition (:func:`spark_audit.checks.isr_shrinks`)."""
 
 FACT_SPARK_SCHEMA = from_arrow_schema(FACT_SCHEMA)
 INPUT_COLUMNS = (

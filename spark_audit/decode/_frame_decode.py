@@ -206,6 +206,8 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "leader_id": partition.leader_id,
                     "leader_epoch": partition.leader_epoch if api_version >= 7 else None,
                     "error_code": partition.error_code,
+                    "isr_size": _size(partition.isr_nodes),
+                    "replica_size": _size(partition.replica_nodes),
                 }
     elif api_key == ApiKey.OFFSET_COMMIT:
         for topic in body.topics or ():
@@ -225,6 +227,11 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
             "member_id": body.member_id,
             "error_code": body.error_code,
         }
+
+
+def _size(nodes: list[int] | None) -> int | None:
+    """How many brokers a Metadata partition lists (None: the list itself is null)."""
+    return None if nodes is None else len(nodes)
 
 
 def _fetched_offsets(body: Any, api_version: int) -> Iterator[Fact]:

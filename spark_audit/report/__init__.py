@@ -7,6 +7,7 @@ from __future__ import annotations
 from ._findings import (
     client_view_findings,
     duplicate_findings,
+    isr_shrink_findings,
     leader_change_findings,
     offset_loss_findings,
     rebalance_findings,
@@ -28,6 +29,7 @@ __all__ = [
     "duplicate_findings",
     "error_name",
     "exit_status",
+    "isr_shrink_findings",
     "leader_change_findings",
     "offset_loss_findings",
     "rebalance_findings",

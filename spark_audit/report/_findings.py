@@ -149,11 +149,13 @@ def slow_findings(slow: DataFrame) -> DataFrame:
 
 def storm_findings(windows: DataFrame, window_s: float) -> DataFrame:
     storms = windows.filter("storm")
+    shrinks = F.col("category") == "isr_shrink"
     summary = F.format_string(
-        f"%s storm: %d errors and %d leader changes in {window_s:g} s, on %d connections",
+        f"%s storm: %d errors and %d %s in {window_s:g} s, on %d connections",
         F.col("category"),
         F.col("errors"),
-        F.col("leader_changes"),
+        F.when(shrinks, F.col("isr_shrinks")).otherwise(F.col("leader_changes")),
+        F.when(shrinks, F.lit("ISR shrinks")).otherwise(F.lit("leader changes")),
         F.col("connections"),
     )
     kind = F.when(F.col("category") == "rebalance", F.lit("rebalance_error_storm")).otherwise(
@@ -211,6 +213,24 @@ def leader_change_findings(changes: DataFrame) -> DataFrame:
         F.coalesce(F.col("to_epoch").cast("string"), F.lit("?")),
     )
     return _finding(changes, "storms", F.lit("leader_change"), F.lit("info"), summary)
+
+
+def isr_shrink_findings(shrinks: DataFrame) -> DataFrame:
+    """One per ISR shrink: info when every replica was back in sync within the capture,
+    warning when the partition was still under-replicated at its last answer."""
+    back = F.col("expanded_wall_ns").isNotNull()
+    summary = F.format_string(
+        "%s-%d under-replicated: %d of %d replicas in sync at the fewest, for %s%.1f ms%s",
+        F.col("topic"),
+        F.col("partition"),
+        F.col("min_isr"),
+        F.col("replicas"),
+        F.when(back, F.lit("")).otherwise(F.lit("at least ")),
+        F.col("under_replicated_ms"),
+        F.when(back, F.lit(", then back in sync")).otherwise(F.lit(", still short at its last answer")),
+    )
+    severity = F.when(back, "info").otherwise("warning")
+    return _finding(shrinks, "storms", F.lit("isr_shrink"), severity, summary)
 
 
 def offset_loss_findings(losses: DataFrame) -> DataFrame:

@@ -123,6 +123,7 @@ def _storms(report: dict[str, Any]) -> str:
             w["category"],
             w["errors"],
             w["leader_changes"],
+            w["isr_shrinks"],
             w["connections"],
             ", ".join(w["error_names"]),
             "storm" if w["storm"] else "",
@@ -146,9 +147,9 @@ def _storms(report: dict[str, Any]) -> str:
         "<h2>Error windows</h2>"
         + (
             _table(
-                ["window", "category", "errors", "leader changes", "connections", "codes", ""],
+                ["window", "category", "errors", "leader changes", "ISR shrinks", "connections", "codes", ""],
                 windows,
-                {2, 3, 4},
+                {2, 3, 4, 5},
             )
             if windows
             else "<p>No errors of the storm categories.</p>"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_audit import CHECKS, AuditOptions, run_audit
-from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE
+from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE, metadata_answer, req, resp, row, write_capture
 
 
 def counts(report):
@@ -59,3 +59,28 @@ def test_unknown_checks_and_empty_directories_are_refused(spark, tmp_path):
         run_audit(spark, AuditOptions(str(tmp_path), checks=("nonsense",)))
     with pytest.raises(FileNotFoundError, match="no capture files"):
         run_audit(spark, AuditOptions(str(tmp_path)))
+
+
+def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
+    # Two clients on the wire ask for metadata; both see t-0 with one of its three replicas
+    # out of sync, then one sees it whole again.
+    partitions = [(1, [1, 2, 3], [1, 2, 3]), (1, [1, 2, 3], [1, 3]), (1, [1, 2, 3], [1, 3])]
+    rows = []
+    for connection, seen in (("w1", partitions[:2]), ("w2", partitions[1:] + partitions[:1])):
+        rows.append(row(connection, 0, "open", source="wire", reason="syn"))
+        for n, replicas in enumerate(seen):
+            cid, seq = n + 1, 1 + 2 * n
+            answer = metadata_answer(cid, {0: replicas})
+            at = 100 * seq + (50 if connection == "w2" else 0)
+            rows.append(req(connection, seq, "client", 3, cid=cid, api_version=12, wall_ms=at))
+            rows.append(
+                resp(connection, seq + 1, "client", 3, cid=cid, api_version=12, frame=answer, wall_ms=at + 1)
+            )
+    write_capture(tmp_path, [{**r, "source": "wire", "capture_id": WIRE_CAPTURE} for r in rows])
+    report = run_audit(spark, AuditOptions(str(tmp_path), checks=("storms",)))
+    assert report["version"] == 5
+    assert counts(report) == {"storms": {("isr_shrink", "info"): 1}}
+    [shrink] = report["storms"]["isr_shrinks"]
+    assert (shrink["min_isr"], shrink["replicas"], shrink["under_replicated_ms"]) == (2, 3, 400.0)
+    [window] = report["storms"]["windows"]
+    assert (window["category"], window["errors"], window["isr_shrinks"]) == ("isr_shrink", 0, 1)

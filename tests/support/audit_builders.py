@@ -16,7 +16,7 @@ from corrfix.capture.format import CAPTURE_SCHEMA, Source, schema_for
 from protocol import ApiKey, request_class, response_class
 from protocol.testing import encode_request, encode_response
 from spark_audit.connections import merge_acks, transactions_of
-from spark_audit.decode import FACT_SCHEMA
+from spark_audit.decode import FACT_SCHEMA, decode
 from spark_audit.source import CAPTURE_SPARK_SCHEMA
 
 CAPTURE = "cafe" * 8
@@ -199,6 +199,56 @@ def produce_answer(cid: int, error_code: int = 0, topic: str = "t", partition: i
     )
     body = cls(version=9, responses=[cls.TopicProduceResponse(name=topic, partition_responses=[part])])
     return encode_response(body, cid)
+
+
+Replicas = tuple[int, list[int], list[int]]
+"""A Metadata partition's leader, replicas and in-sync replicas."""
+
+
+def metadata_answer(cid: int, partitions: dict[int, Replicas], *, version: int = 12, epoch: int = 4) -> bytes:
+    """A Metadata answer of ``version`` for topic ``t``: its ``partitions`` (index: leader,
+    replicas, in-sync replicas), each under leader epoch ``epoch`` (from v7)."""
+    cls = response_class(ApiKey.METADATA)
+    part = cls.MetadataResponseTopic.MetadataResponsePartition
+    found = [
+        part(
+            partition_index=index,
+            leader_id=leader,
+            leader_epoch=epoch,
+            error_code=0,
+            replica_nodes=replicas,
+            isr_nodes=isr,
+            offline_replicas=[],
+        )
+        for index, (leader, replicas, isr) in partitions.items()
+    ]
+    topic = cls.MetadataResponseTopic(name="t", error_code=0, is_internal=False, partitions=found)
+    return encode_response(cls(version=version, brokers=[], controller_id=1, topics=[topic]), cid)
+
+
+def metadata_facts(
+    connection: str, seq: int, wall_ms: float, partitions: dict[int, Replicas], *, version: int = 12
+) -> list[dict[str, Any]]:
+    """The facts the audit decodes from :func:`metadata_answer`, on ``connection``."""
+    answer = metadata_answer(seq, partitions, version=version)
+    decoded = decode(ApiKey.METADATA, version, "response", answer, len(answer))
+    assert decoded, "a Metadata answer with partitions gives facts"
+    return [
+        {
+            **fact(
+                connection,
+                seq,
+                "leader",
+                direction="response",
+                api_key=ApiKey.METADATA,
+                cid=seq,
+                wall_ms=wall_ms,
+            ),
+            "api_version": version,
+            **found,
+        }
+        for found in decoded
+    ]
 
 
 def wire_rows() -> list[dict[str, Any]]:

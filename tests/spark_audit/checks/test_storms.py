@@ -1,12 +1,12 @@
-"""Check 4, error storms, leader changes and rebalances, on hand-built facts."""
+"""Check 4, error storms, leader changes, ISR shrinks and rebalances, on hand-built facts."""
 
 from __future__ import annotations
 
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks import error_storms, leader_changes, rebalances
-from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
+from spark_audit.checks import error_storms, isr_shrinks, leader_changes, rebalances
+from tests.support.audit_builders import CAPTURE, MS, fact, facts_df, metadata_facts
 
 S = 1000  # ms
 
@@ -34,16 +34,17 @@ def leader(conn, seq, wall_ms, leader_id, epoch, partition=0):
     )
 
 
-def storm_window(start_ns, category, *, errors, leader_changes, codes, storm):
-    """An :func:`error_storms` row of one connection of :data:`CAPTURE`."""
+def storm_window(start_ns, category, *, errors, leader_changes, codes, storm, isr_shrinks=0, connections=1):
+    """An :func:`error_storms` row (of one connection of :data:`CAPTURE`, unless told)."""
     return Row(
         window_start_ns=start_ns,
         category=category,
         errors=errors,
         leader_changes=leader_changes,
-        connections=1,
+        isr_shrinks=isr_shrinks,
+        connections=connections,
         error_codes=codes,
-        capture_ids=[CAPTURE],
+        capture_ids=[CAPTURE] if connections else [],
         storm=storm,
     )
 
@@ -194,3 +195,87 @@ def test_a_partition_without_a_leader_is_no_change(spark):
         Row(topic="t", partition=0, wall_ns=40 * MS, from_leader=1, to_leader=1, from_epoch=4, to_epoch=6)
     ]
     assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
+
+
+FULL = (1, [1, 2, 3], [1, 2, 3])
+"""Partition 0 led by broker 1, its three replicas in sync."""
+
+
+def short(*isr):
+    """Partition 0 led by broker 1, of its three replicas only ``isr`` in sync."""
+    return (1, [1, 2, 3], list(isr))
+
+
+def shrink(wall_ms, *, min_isr, last_ms, back_ms):
+    """An :func:`isr_shrinks` row of partition ``t-0`` (three replicas)."""
+    until = back_ms if back_ms is not None else last_ms
+    return Row(
+        topic="t",
+        partition=0,
+        wall_ns=wall_ms * MS,
+        replicas=3,
+        min_isr=min_isr,
+        last_under_wall_ns=last_ms * MS,
+        expanded_wall_ns=None if back_ms is None else back_ms * MS,
+        under_replicated_ms=float(until - wall_ms),
+    )
+
+
+def test_an_isr_shrink_seen_by_two_clients_counts_once(spark):
+    # acks=1 producers and consumers never get NOT_ENOUGH_REPLICAS: their Metadata answers
+    # are all that shows the shrink, and each client's answers show it again.
+    rows = metadata_facts("a", 1, 10, {0: FULL})
+    rows += metadata_facts("b", 2, 20, {0: short(1, 2)})
+    rows += metadata_facts("a", 3, 30, {0: short(1, 2)})
+    rows += metadata_facts("b", 4, 40, {0: short(1, 2)})
+    facts = facts_df(spark, rows)
+    assertDataFrameEqual(isr_shrinks(facts), [shrink(20, min_isr=2, last_ms=40, back_ms=None)])
+    expected = [
+        storm_window(
+            0, "isr_shrink", errors=0, leader_changes=0, isr_shrinks=1, codes=[], storm=False, connections=0
+        )
+    ]
+    assertDataFrameEqual(error_storms(facts, 10, threshold=2), expected)
+
+
+def test_a_partition_with_its_whole_isr_counts_nothing(spark):
+    rows = metadata_facts("a", 1, 10, {0: FULL, 1: (2, [2, 3], [3, 2])})
+    rows += metadata_facts("b", 2, 20, {0: FULL, 1: (2, [2, 3], [2, 3])})
+    rows += metadata_facts("a", 3, 30, {0: (2, [1, 2, 3], [2, 3, 1]), 1: (2, [2], [2])})  # a new leader
+    facts = facts_df(spark, rows)
+    assert isr_shrinks(facts).count() == 0
+    assert [r.category for r in error_storms(facts, 10, threshold=2).collect()] == ["leader_election"]
+
+
+def test_an_isr_shrink_ends_when_every_replica_is_back_in_sync(spark):
+    rows = metadata_facts("a", 1, 10, {0: FULL})
+    rows += metadata_facts("b", 2, 20, {0: short(1, 2)})
+    rows += metadata_facts("a", 3, 30, {0: short(1)})  # shrinks further: the same shrink
+    rows += metadata_facts("b", 4, 40, {0: FULL})
+    rows += metadata_facts("a", 5, 45, {0: FULL})
+    rows += metadata_facts("a", 6, 11_000, {0: short(1, 3)})  # a second shrink, in the next window
+    rows += metadata_facts("b", 7, 11_500, {0: FULL})
+    facts = facts_df(spark, rows)
+    expected = [
+        shrink(20, min_isr=1, last_ms=30, back_ms=40),
+        shrink(11_000, min_isr=2, last_ms=11_000, back_ms=11_500),
+    ]
+    assertDataFrameEqual(isr_shrinks(facts), expected)
+    windows = error_storms(facts, 10, threshold=2).collect()
+    assert [(r.window_start_ns, r.isr_shrinks) for r in windows] == [(0, 1), (10 * S * MS, 1)]
+
+
+def test_an_isr_shrink_in_answers_of_an_older_metadata_version(spark):
+    # Metadata v1 (no leader epoch) lists replicas and in-sync replicas as v12 does: a
+    # client of each version sees the same shrink, and it is one.
+    rows = metadata_facts("old", 1, 10, {0: FULL}, version=1)
+    rows += metadata_facts("old", 2, 20, {0: short(2, 3)}, version=1)
+    rows += metadata_facts("new", 3, 25, {0: short(2, 3)})
+    rows += metadata_facts("old", 4, 30, {0: FULL}, version=1)
+    facts = facts_df(spark, rows)
+    assert {(r.api_version, r.leader_epoch, r.isr_size, r.replica_size) for r in facts.collect()} == {
+        (1, None, 3, 3),
+        (1, None, 2, 3),
+        (12, 4, 2, 3),
+    }
+    assertDataFrameEqual(isr_shrinks(facts), [shrink(20, min_isr=2, last_ms=25, back_ms=30)])

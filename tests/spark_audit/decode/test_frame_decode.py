@@ -5,7 +5,7 @@ from __future__ import annotations
 from protocol import request_class, response_class
 from protocol.testing import encode_request, encode_response
 from spark_audit.decode import decode, errors
-from tests.support.audit_builders import produce_frame, records
+from tests.support.audit_builders import metadata_answer, produce_frame, records
 
 
 def facts_of(frame: bytes, api_key: int, version: int, direction: str) -> list[dict]:
@@ -101,6 +101,13 @@ def test_metadata_leaders_and_offset_fetch_of_both_layouts():
     )
     got = facts_of(encode_response(new, 1), 9, 8, "response")
     assert [(f["fact"], f["group_id"], f["offset"]) for f in got] == [("fetched_offset", "g", 42)]
+
+
+def test_a_metadata_leader_counts_its_replicas_and_in_sync_replicas_in_every_version():
+    for version in range(response_class(3).max_version + 1):
+        answer = metadata_answer(1, {0: (1, [1, 2, 3], [1, 3]), 1: (2, [2, 3], [2, 3])}, version=version)
+        got = facts_of(answer, 3, version, "response")
+        assert [(f["partition"], f["isr_size"], f["replica_size"]) for f in got] == [(0, 2, 3), (1, 2, 2)]
 
 
 def test_group_requests_name_their_group():
