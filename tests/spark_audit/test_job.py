@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_audit import CHECKS, AuditOptions, run_audit
+from spark_audit.report import write_report
 from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE, metadata_answer, req, resp, row, write_capture
 
 
@@ -62,6 +63,7 @@ def test_unknown_checks_and_empty_directories_are_refused(spark, tmp_path):
 
 
 def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
+    # The job wires the shrinks into the report's table, findings, windows and page.
     # Two clients on the wire ask for metadata; both see t-0 with one of its three replicas
     # out of sync, then one sees it whole again.
     partitions = [(1, [1, 2, 3], [1, 2, 3]), (1, [1, 2, 3], [1, 3]), (1, [1, 2, 3], [1, 3])]
@@ -84,3 +86,5 @@ def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
     assert (shrink["min_isr"], shrink["replicas"], shrink["under_replicated_ms"]) == (2, 3, 400.0)
     [window] = report["storms"]["windows"]
     assert (window["category"], window["errors"], window["isr_shrinks"]) == ("isr_shrink", 0, 1)
+    _, html = write_report(report, tmp_path / "report")
+    assert "<th>ISR shrinks</th>" in html.read_text()
