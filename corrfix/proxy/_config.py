@@ -14,8 +14,6 @@ class ProxyConfig:
     listen: Address
     upstream: Address
     """The first bootstrap broker."""
-    fallback_upstreams: tuple[Address, ...] = ()
-    """The further bootstrap brokers, tried in turn when one cannot be reached."""
     repair: RepairConfig = field(default_factory=RepairConfig)
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     connect_timeout: float = 10.0
@@ -47,6 +45,9 @@ class ProxyConfig:
     engine: bool = True
     """Relay plaintext connections in the process's relay engine (one epoll set, one task);
     off: every connection gets tasks of its own, as TLS connections always do."""
+    fallback_upstreams: tuple[Address, ...] = ()
+    """The further bootstrap brokers, tried in turn when one cannot be reached (last, so that
+    the fields before keep their places for positional use)."""
 
     @property
     def bootstrap(self) -> tuple[Address, ...]:
