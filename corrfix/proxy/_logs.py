@@ -28,8 +28,7 @@ class ReopenableFile:
         self._lock = threading.Lock()
         self._file = self._open()
         self.refused = 0
-        """Writes the file refused (a full disk), whose text is lost; ``print`` writes a line
-        and its newline apart."""
+        """Writes the file refused (a full disk), whose text is lost: one per line."""
 
     def _open(self) -> TextIO:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +106,9 @@ def configure_logging(*, json: bool = False, level: str = "info", file: Path | N
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=output),  # type: ignore[arg-type]
+        # One write per line, its newline included: print() writes them apart, and two
+        # --workers sharing stderr then merged lines that came at once into one no reader parses.
+        logger_factory=structlog.WriteLoggerFactory(file=output),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

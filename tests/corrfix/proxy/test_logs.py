@@ -69,3 +69,31 @@ def test_a_line_logged_after_the_file_was_closed_is_dropped(tmp_path):
         assert output.refused >= 1
     finally:
         _logs._log_file = None
+
+
+class _Writes:
+    """A stderr that keeps each write apart, as the kernel sees them."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_log_line_is_written_whole_with_its_newline(monkeypatch):
+    """``--workers`` share one stderr: a line and its newline written apart let two workers'
+    lines that came at once merge into one that no log reader can parse (both workers'
+    "proxy listening" were lost that way). Each line is one write, newline included."""
+    configure_logging(json=True)
+    stderr = _Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    structlog.get_logger("corrfix.test").info("whole", n=1)
+    structlog.get_logger("corrfix.test").info("whole", n=2)
+    assert len(stderr.writes) == 2
+    assert [json.loads(text)["n"] for text in stderr.writes] == [1, 2]
+    assert all(text.endswith("\n") and text.count("\n") == 1 for text in stderr.writes)
