@@ -1044,6 +1044,13 @@ def test_a_thread_s_cpu_time_is_read_for_that_thread_alone():
     finally:
         done.set()
         thread.join()
+    # join() returns once the thread's Python state is gone, a moment before the kernel
+    # reaps the task (about 1 in 100 joins here still found its /proc entry): wait for that.
+    task = f"/proc/self/task/{native[0]}"
+    deadline = time.monotonic() + TEST_DEADLINE
+    while os.path.exists(task):
+        assert time.monotonic() < deadline, f"{task} outlived its thread"
+        os.sched_yield()
     assert engine_module.thread_cpu_seconds(native[0]) == 0.0  # ended: no /proc entry
 
 
