@@ -47,14 +47,22 @@ CAPPED_API_KEYS: frozenset[int] = REWRITTEN_API_KEYS | {ApiKey.API_VERSIONS}
 """The APIs whose responses the proxy must decode: those it rewrites, and ApiVersions itself."""
 
 
+NO_VERSION = -1
+"""The cap of an api whose answers carry addresses kafka-python cannot read (share groups):
+below every version, so ApiVersions answers drop it and clients never use it through us."""
+
+
 def _max_version(api_key: int) -> int:
-    """The highest version kafka-python can both encode as a request and decode as a response."""
+    """The highest version kafka-python can both encode as a request and decode as a response
+    (:data:`NO_VERSION` if it lacks the api's schema or classes)."""
     highs = [cls.max_version for cls in (request_class(api_key), response_class(api_key)) if cls is not None]
     schema = api_schemas().get(api_key)
     if schema is not None:
         highs.append(schema.valid_versions[1])
-    if len(highs) < 3:  # pragma: no cover - kafka-python 3 ships all of them
-        raise RuntimeError(f"kafka-python lacks a schema or class for api key {api_key}")
+    if len(highs) < 3:
+        if api_key == ApiKey.API_VERSIONS:  # pragma: no cover - kafka-python 3 ships it
+            raise RuntimeError("kafka-python lacks ApiVersions")
+        return NO_VERSION
     return min(highs)
 
 
@@ -65,7 +73,8 @@ def _decodable_max_versions() -> dict[int, int]:
 
 def decodable_max_versions() -> dict[int, int]:
     """Per api key, the newest version the proxy can decode: Metadata, FindCoordinator,
-    DescribeCluster, Produce, Fetch and ApiVersions. A fresh dict, safe to modify."""
+    DescribeCluster, Produce, Fetch and ApiVersions, and :data:`NO_VERSION` for ShareFetch and
+    ShareAcknowledge while kafka-python cannot read them. A fresh dict, safe to modify."""
     return dict(_decodable_max_versions())
 
 

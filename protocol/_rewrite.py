@@ -37,7 +37,13 @@ from protocol._bodies import decode_exactly, encode_body
 from protocol._errors import ProtocolError
 from protocol._framing import SIZE_PREFIX, BytesLike
 from protocol._headers import response_body_offset
-from protocol._schemas import api_name, response_class, response_field_versions
+from protocol._schemas import (
+    api_name,
+    api_schemas,
+    every_request_schema,
+    response_class,
+    response_field_versions,
+)
 
 if TYPE_CHECKING:  # kafka-python loads only when an answer is rewritten
     from kafka.protocol.api_message import ApiMessage
@@ -90,10 +96,16 @@ _SITES: dict[int, tuple[_Site, ...]] = {
     ApiKey.DESCRIBE_CLUSTER: (_Site("brokers", "broker_id"),),
     ApiKey.PRODUCE: (_Site("node_endpoints", "node_id"),),
     ApiKey.FETCH: (_Site("node_endpoints", "node_id"),),
+    # KIP-932 share groups: leader hints as in KIP-951, from their first version. kafka-python
+    # 3.0 has no schema for either, so every version counts as carrying addresses: ApiVersions
+    # answers drop both (protocol._api_versions) and an answer a client asked for anyway
+    # raises instead of leaking a broker. A kafka-python that reads them makes them rewritten.
+    ApiKey.SHARE_FETCH: (_Site("node_endpoints", "node_id"),),
+    ApiKey.SHARE_ACKNOWLEDGE: (_Site("node_endpoints", "node_id"),),
 }
 
 REWRITTEN_API_KEYS: frozenset[int] = frozenset(_SITES)
-"""Api keys whose responses can carry broker addresses."""
+"""Api keys whose responses can carry broker addresses (some perhaps unreadable to kafka-python)."""
 
 
 def _response_class(api_key: int) -> type[ApiMessage]:
@@ -119,6 +131,9 @@ def _first_address_version() -> dict[int, int]:
     (read without kafka-python's classes: every Produce and Fetch answer asks this)."""
     first: dict[int, int] = {}
     for api_key, sites in _SITES.items():
+        if api_key not in api_schemas():
+            first[api_key] = 0  # no schema to tell which versions: all of them may
+            continue
         lows = []
         for site in sites:
             versions = response_field_versions(api_key, _json_field_name(site))
@@ -149,8 +164,11 @@ def decode_response_body(api_key: int, api_version: int, body: BytesLike) -> Api
     repaired frame. Every failure is a :class:`ProtocolError` (:func:`protocol._bodies.decode_exactly`).
     """
     cls = response_class(api_key)
-    if cls is None:
-        raise ProtocolError(f"kafka-python cannot decode {api_name(api_key)} responses")
+    if cls is None:  # share groups' answers, named from Kafka's list (kafka-python's lacks them)
+        known = every_request_schema().get(api_key)
+        raise ProtocolError(
+            f"kafka-python cannot decode {known.name if known else api_name(api_key)} responses"
+        )
     if api_version < 0:
         raise ProtocolError(f"{api_name(api_key)} response has negative version {api_version}")
     if api_version > cls.max_version:

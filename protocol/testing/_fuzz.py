@@ -207,7 +207,8 @@ def response_seeds() -> tuple[Seed, ...]:
     seeds = []
     for api_key in sorted(CAPPED_API_KEYS):
         cls = response_class(api_key)
-        assert cls is not None
+        if cls is None:  # share groups: capped to no version, their answers refused unread
+            continue
         for version in range(cls.min_version, cls.max_version + 1):
             for _ in range(2):
                 message = random_message(cls, version, rnd)

@@ -43,6 +43,8 @@ CAPPED = {
     10: "FindCoordinator",
     18: "ApiVersions",
     60: "DescribeCluster",
+    78: "ShareFetch",  # answers with addresses that kafka-python 3.0 cannot read: no version
+    79: "ShareAcknowledge",
 }
 CLS = response_class(ApiKey.API_VERSIONS)
 VERSIONS = range(CLS.max_version + 1)
@@ -91,6 +93,9 @@ def test_decodable_max_versions_come_from_the_schemas():
     caps = decodable_max_versions()
     assert set(caps) == set(CAPPED)
     for key, name in CAPPED.items():
+        if response_class(key) is None:
+            assert caps[key] == -1, name
+            continue
         assert caps[key] == min(schema_max(name, "Request"), schema_max(name, "Response")), name
     caps[0] = -5  # a fresh dict each time
     assert decodable_max_versions()[0] != -5

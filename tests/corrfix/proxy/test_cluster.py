@@ -104,3 +104,51 @@ def test_every_answer_that_can_carry_addresses_is_rewritten_each_time():
         assert r.brokers == {1: Address("b1", 9092)}
         versions = bytearray(encode_response(response_class(ApiKey.API_VERSIONS)[0](), 7))
         assert r.transform(ApiKey.API_VERSIONS, 0, versions) == cap_api_versions(versions, 0, r.caps)
+
+
+def _share_answer(api_key: int, host: bytes, correlation_id: int = 7) -> bytearray:
+    """A ShareFetch or ShareAcknowledge v0 answer (flexible) whose ``NodeEndpoints`` names
+    broker 2 at ``host``:9092, encoded by hand: kafka-python 3.0 has no schema for either."""
+    body = (
+        bytes(4)  # throttle_time_ms
+        + bytes(2)  # error_code
+        + b"\x00"  # error_message: null
+        + (bytes(4) if api_key == ApiKey.SHARE_FETCH else b"")  # acquisition_lock_timeout_ms
+        + b"\x01"  # responses: empty
+        + b"\x02"  # node_endpoints: one
+        + (2).to_bytes(4, "big")
+        + bytes([len(host) + 1])
+        + host
+        + (9092).to_bytes(4, "big")
+        + b"\x00\x00"  # rack: null; the endpoint's tagged fields
+        + b"\x00"  # the body's tagged fields
+    )
+    payload = correlation_id.to_bytes(4, "big") + b"\x00" + body  # header v1
+    return bytearray(len(payload).to_bytes(4, "big") + payload)
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE])
+def test_share_group_answers_that_name_a_broker_are_refused_not_relayed(api_key):
+    """KIP-932 answers carry leader endpoints as KIP-951's do, and kafka-python cannot read
+    them: passed on, they would send a share consumer to the broker itself."""
+    r = router()
+    for version in (0, 1, 5):
+        with pytest.raises(ProtocolError, match=api_key.name.title().replace("_", "")):
+            r.transform(api_key, version, _share_answer(api_key, b"b2.internal"))
+    assert r.brokers == {}
+
+
+def test_api_versions_answers_drop_the_share_group_apis_the_proxy_cannot_rewrite():
+    """A share consumer is told the cluster has no ShareFetch, rather than reaching brokers
+    around the proxy; the share apis whose answers carry no address stay listed."""
+    cls = response_class(ApiKey.API_VERSIONS)
+    listed = [ApiKey.FETCH, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE]
+    answer = cls(
+        version=3,
+        error_code=0,
+        throttle_time_ms=0,
+        api_keys=[cls.ApiVersion(version=3, api_key=key, min_version=0, max_version=1) for key in listed],
+    )
+    out = router().transform(ApiKey.API_VERSIONS, 3, bytearray(encode_response(answer, 7)))
+    kept = cls.decode(bytes(out)[8:], version=3)
+    assert [entry.api_key for entry in kept.api_keys] == [ApiKey.FETCH, ApiKey.SHARE_GROUP_HEARTBEAT]
