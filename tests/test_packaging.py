@@ -5,6 +5,7 @@ the three top-level packages the README names."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import sysconfig
@@ -49,6 +50,9 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs(dist, tmp_path):
     (wheel,) = dist.glob("corrfix-*.whl")
     fresh = tmp_path / "venv"
     venv.create(fresh, with_pip=False)
+    # A PYTHONPATH naming a checkout (a git worktree's runs set one) would make pip call the
+    # wheel installed already and the venv's corrfix import from the checkout: not inherited.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     python = fresh / "bin" / "python"
     site = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -74,11 +78,12 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs(dist, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert install.returncode == 0, install.stdout + install.stderr
     corrfix = fresh / "bin" / "corrfix"
     # Run away from this checkout, which `python -c` would otherwise import from.
-    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     version = run([corrfix, "--version"])
     assert version.returncode == 0, version.stderr
     lines = version.stdout.splitlines()
