@@ -108,8 +108,8 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         type=argtypes.positive,
         default=defaults.request_deadline,
         metavar="SECONDS",
-        help="disconnect a client whose request is unanswered this long "
-        f"(default {defaults.request_deadline:g})",
+        help="disconnect a client whose request is unanswered this long; a JoinGroup's "
+        f"counts from the end of its rebalance timeout (default {defaults.request_deadline:g})",
     )
     p.add_argument(
         "--max-outstanding",

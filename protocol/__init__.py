@@ -57,6 +57,7 @@ from ._produce_layout import (
 from ._requests import (
     expects_response,
     fetch_max_wait_ms,
+    join_group_rebalance_timeout_ms,
     produce_acks,
     produce_acks_at,
     produce_is_idempotent,
@@ -121,6 +122,7 @@ __all__ = [
     "frame",
     "is_flexible",
     "is_sasl_v0_handshake",
+    "join_group_rebalance_timeout_ms",
     "mis_skips_tagged_fields",
     "needs_rewrite",
     "parse_request_header",

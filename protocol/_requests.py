@@ -124,6 +124,20 @@ def produce_is_idempotent(frame: BytesLike, header: RequestHeader) -> bool:
     return saw_batch
 
 
+def join_group_rebalance_timeout_ms(frame: BytesLike, header: RequestHeader) -> int:
+    """How long the group coordinator may hold this JoinGroup before it answers (0 if
+    unreadable): until every member has rejoined, at most the rebalance timeout it carries
+    (from v1; v0's session timeout served as both). The Java consumer waits that long plus
+    5 s for the answer, and its rebalance timeout is ``max.poll.interval.ms``, which
+    applications raise to minutes or more. Asked once per JoinGroup, so kafka-python decodes it.
+    """
+    request = _decode_body(frame, header)
+    if request is None:
+        return 0
+    timeout = request.rebalance_timeout_ms if header.api_version >= 1 else request.session_timeout_ms
+    return max(int(timeout), 0)
+
+
 def fetch_max_wait_ms(frame: BytesLike, header: RequestHeader) -> int:
     """How long the broker may hold this Fetch before answering (0 if unreadable).
 

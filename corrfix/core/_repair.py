@@ -35,6 +35,7 @@ from protocol import (
     client_software,
     fetch_max_wait_ms,
     is_sasl_v0_handshake,
+    join_group_rebalance_timeout_ms,
     mis_skips_tagged_fields,
     parse_request_header,
     patch_request_correlation_id,
@@ -46,6 +47,7 @@ from protocol import (
 
 # Bound once: reading a member off an Enum class costs about 0.25 µs, and these are read per frame.
 _PRODUCE, _FETCH, _API_VERSIONS = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.API_VERSIONS
+_JOIN_GROUP = ApiKey.JOIN_GROUP
 # The correlation id read and written where protocol's layout puts it, without the checked
 # functions' call (0.1 µs a frame): every id written here is an int32 already.
 _read_id, _write_id = CORRELATION_ID.unpack_from, CORRELATION_ID.pack_into
@@ -215,6 +217,7 @@ class RepairMachine:
         "_preamble",
         "_probe_backoff",
         "_probes_outstanding",
+        "_rebalance_wait",
         "_sasl_handshake",
         "_sasl_pending",
         "_sasl_v0",
@@ -272,6 +275,8 @@ class RepairMachine:
         # SASL v0: after a successful SaslHandshake v0, tokens travel as bare frames with no
         # header; protocol's rule says which frames they are.
         self._sasl_handshake: _Request | None = None
+        self._rebalance_wait: tuple[_Request, float] | None = None
+        """The oldest request when it is a JoinGroup, and how long the coordinator may hold it."""
         self._sasl_v0 = SaslV0Tokens()
         # SaslHandshake / SaslAuthenticate requests not yet answered to the client.
         self._sasl_pending = 0
@@ -308,7 +313,10 @@ class RepairMachine:
         if not client_order or self.closed is not None:
             return None  # nothing owed to the client: nothing to probe for or give up on
         due = self._probe_due()
-        give_up = client_order[0].first_sent + self.config.request_deadline
+        head = client_order[0]
+        give_up = head.first_sent + self.config.request_deadline
+        if head.api_key == _JOIN_GROUP:
+            give_up += self._held_for_rebalance(head)
         return give_up if due is None or give_up < due else due
 
     # -- events ------------------------------------------------------------------------
@@ -470,8 +478,11 @@ class RepairMachine:
             return actions
         if self._client_order:
             oldest = self._client_order[0]
-            if now >= oldest.first_sent + self.config.request_deadline:
-                self._give_up(oldest, actions, f"unanswered after {self.config.request_deadline:g}s")
+            waited = self.config.request_deadline
+            if oldest.api_key == _JOIN_GROUP:
+                waited += self._held_for_rebalance(oldest)
+            if now >= oldest.first_sent + waited:
+                self._give_up(oldest, actions, f"unanswered after {waited:g}s")
                 return actions
         due = self._probe_due()
         if due is not None and now >= due:
@@ -769,6 +780,18 @@ class RepairMachine:
                 hold = fetch_max_wait_ms(request.frame, request.header()) / 1000.0
             request.hold = hold
         return request.hold
+
+    def _held_for_rebalance(self, request: _Request) -> float:
+        """How long the coordinator may hold this JoinGroup (its rebalance timeout), which the
+        request deadline counts from: the client waits that long for it, and giving up sooner
+        would cut each member off a rebalance that waits for a slow one, again at each rejoin.
+        Probes are not delayed: a conforming broker answers them after the JoinGroup anyway,
+        so a lost JoinGroup answer is still found as the rebalance ends."""
+        known = self._rebalance_wait
+        if known is None or known[0] is not request:
+            known = (request, join_group_rebalance_timeout_ms(request.frame, request.header()) / 1000.0)
+            self._rebalance_wait = known
+        return known[1]
 
     def _probe_due(self) -> float | None:
         order = self._send_order

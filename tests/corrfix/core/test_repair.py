@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
 from corrfix.core import MAX_CORRELATION_ID, RepairConfig, RepairKind, RepairMachine
-from protocol import ApiKey, ProtocolError
+from protocol import ApiKey, ProtocolError, request_class
 from protocol.testing import encode_request, encode_response, request_frame, response_frame
 from tests.support.produce_frames import produce_frame, record_batch
 from tests.support.repair_model import (
@@ -393,6 +393,55 @@ def test_request_deadline_gives_up():
     assert machine.next_deadline() == pytest.approx(5.0)
     actions = machine.tick(5.0)
     assert actions.close is not None and "unanswered" in actions.close
+
+
+def join_group(version: int, rebalance_timeout_ms: int, session_timeout_ms: int = 10_000) -> bytearray:
+    """A JoinGroup as a consumer sends it; v0 has no rebalance timeout of its own."""
+    fields = {"rebalance_timeout_ms": rebalance_timeout_ms} if version >= 1 else {}
+    message = request_class(ApiKey.JOIN_GROUP)[version](
+        group_id="g",
+        session_timeout_ms=session_timeout_ms,
+        member_id="",
+        protocol_type="consumer",
+        protocols=[],
+        **fields,
+    )
+    return bytearray(encode_request(message, 7, "c"))
+
+
+@pytest.mark.parametrize("version", range(request_class(ApiKey.JOIN_GROUP).max_version + 1))
+def test_a_join_group_gets_the_request_deadline_after_its_rebalance_timeout(version):
+    """The coordinator holds a JoinGroup until every member rejoins, for up to the rebalance
+    timeout (``max.poll.interval.ms``, often raised to minutes); the client waits that long.
+    Giving up at the plain deadline would cut a member off every rebalance that waits for a
+    slow one."""
+    hold = 600.0 if version >= 1 else 10.0  # v0: the session timeout is the rebalance timeout
+    config = RepairConfig(request_deadline=60.0, max_probes_outstanding=1)
+    machine = RepairMachine(config)
+    machine.client_frames([join_group(version, rebalance_timeout_ms=600_000)], 0.0)
+    assert machine.tick(1.0).to_upstream  # probing is not put off: a probe is answered after it
+    assert machine.next_deadline() == pytest.approx(hold + 60.0)
+    assert machine.tick(hold + 59.0).close is None
+    actions = machine.tick(hold + 60.0)
+    assert actions.close is not None and f"unanswered after {hold + 60.0:g}s" in actions.close
+
+
+def test_a_join_group_answered_leaves_the_next_request_its_plain_deadline():
+    machine = RepairMachine(RepairConfig(request_deadline=60.0, max_probes_outstanding=0))
+    (sent,) = machine.client_frames([join_group(5, rebalance_timeout_ms=300_000)], 0.0).to_upstream
+    upstream_id = int.from_bytes(sent[8:12], "big")
+    machine.client_frames([request_frame(ApiKey.METADATA, 8, 1)], 1.0)
+    assert machine.next_deadline() == pytest.approx(360.0)
+    machine.upstream_frames([response_frame(upstream_id, 0)], 200.0)
+    assert machine.next_deadline() == pytest.approx(61.0)
+
+
+def test_an_unreadable_join_group_gets_the_plain_deadline():
+    frame = join_group(5, rebalance_timeout_ms=300_000)[:-6]
+    frame[:4] = (len(frame) - 4).to_bytes(4, "big")
+    machine = RepairMachine(RepairConfig(request_deadline=60.0, max_probes_outstanding=0))
+    machine.client_frames([frame], 0.0)
+    assert machine.next_deadline() == pytest.approx(60.0)
 
 
 def test_upstream_close_closes_the_client_after_delivering_what_it_can():

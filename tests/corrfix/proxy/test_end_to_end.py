@@ -199,3 +199,33 @@ async def test_consumer_group_commits_and_resumes_through_corrfix(tansu, first, 
     assert set(before).isdisjoint(after), "the second member re-read committed records"
     assert sorted(before + after) == clients.expected_values(total)
     assert set(seen.counts) >= GROUP_APIS, f"group traffic bypassed corrfix: saw only {sorted(seen.counts)}"
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+async def test_a_join_group_held_past_the_request_deadline_is_waited_for(tansu, client, engine):
+    """A coordinator holds each JoinGroup until the members have rejoined, for up to the
+    rebalance timeout it carries (``max.poll.interval.ms``: 300 s by default, often raised);
+    Tansu holds a group's first one for half the session timeout (3 s). With a request
+    deadline shorter than that hold (1 s here, as 300 s is against a longer poll interval),
+    the join must still be waited for, not cut off."""
+    total = 50
+    topic = group = f"held-join-{client}-{'engine' if engine else 'tasks'}"
+    async with trio.open_nursery() as nursery:
+        config = ProxyConfig(
+            Address("127.0.0.1", 0),
+            Address("127.0.0.1", tansu.port),
+            repair=RepairConfig(request_deadline=1.0),
+            engine=engine,
+        )
+        proxy = Proxy(config)
+        bound = await nursery.start(proxy.serve)
+        bootstrap = f"127.0.0.1:{bound[0].port}"
+        await in_thread(clients.create_topic, bootstrap, topic)
+        produced = await in_thread(clients.produce_confluent, bootstrap, topic, total)
+        values = await in_thread(
+            clients.consume_group, bootstrap, topic, group, total, client=client, timeout=30
+        )
+        nursery.cancel_scope.cancel()
+    assert produced.ok
+    assert sorted(values) == clients.expected_values(total)
+    assert proxy.stats.repairs["give_up"] == 0
