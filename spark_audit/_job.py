@@ -62,8 +62,14 @@ from spark_audit.report import (
 from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
-REPORT_VERSION = 5
-"""5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
+REPORT_VERSION = 6
+"""6: groups on KIP-848's consumer protocol count in the rebalances: a ConsumerGroupHeartbeat
+that sends member epoch 0 is a join, -1 or -2 a leave, and a member epoch its answer hands
+out other than the one sent is a generation (a window with one is reported); its errors
+FENCED_MEMBER_EPOCH and UNRELEASED_INSTANCE_ID, and STALE_MEMBER_EPOCH, count in the
+``rebalance`` category and as rebalance errors.
+
+5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
 shrink however many clients saw it) count in the ``isr_shrink`` category of the error
 windows (their new ``isr_shrinks`` column), and each gives an ``isr_shrink`` finding and a
 ``storms.isr_shrinks`` row (how long the partition was under-replicated, its smallest

@@ -7,7 +7,8 @@
   leader id) seen in Metadata answers;
 - ``rebalance``: REBALANCE_IN_PROGRESS (but not to a Heartbeat: that is the coordinator
   asking a member to rejoin, once per member and rebalance), UNKNOWN_MEMBER_ID,
-  ILLEGAL_GENERATION;
+  ILLEGAL_GENERATION, and their analogues in KIP-848's consumer protocol:
+  FENCED_MEMBER_EPOCH, UNRELEASED_INSTANCE_ID, STALE_MEMBER_EPOCH;
 - ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, plus ISR shrinks
   (fewer in-sync replicas than replicas) seen in Metadata answers;
 - ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
@@ -15,7 +16,9 @@
 A window is a storm when its errors plus leader changes plus ISR shrinks reach
 ``threshold``. Rebalances
 are also counted per consumer group and window: JoinGroup, SyncGroup and LeaveGroup
-requests, and the generations the JoinGroup answers handed out.
+requests, and the generations the JoinGroup answers handed out; for groups on the consumer
+protocol (KIP-848), the ConsumerGroupHeartbeat requests that join (member epoch 0) or leave
+(-1, -2), and the member epochs their answers handed out when they differ from the one sent.
 """
 
 from __future__ import annotations
@@ -28,16 +31,21 @@ from spark_audit.checks._windows import window_start
 
 CATEGORIES: dict[str, tuple[int, ...]] = {
     "leader_election": (5, 6, 74, 75),
-    "rebalance": (22, 25, 27),
+    "rebalance": (22, 25, 27, 110, 111, 113),
     "isr_shrink": (19, 20),
     "coordinator_move": (15, 16),
 }
 LEADER_NOT_AVAILABLE = 5
 REBALANCE_IN_PROGRESS = 27
-GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT)
+CONSUMER_HEARTBEAT = ApiKey.CONSUMER_GROUP_HEARTBEAT
+GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.HEARTBEAT, CONSUMER_HEARTBEAT)
+JOINING_EPOCH = 0
+LEAVING_EPOCHS = (-1, -2)  # -2: a static member leaving, to come back with its instance id
 _JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
-GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0"
-"""Rebalance windows worth reporting: heartbeats alone are a group at rest."""
+GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0 or size(generations) > 0"
+"""Rebalance windows worth reporting: heartbeats alone are a group at rest. A group on the
+consumer protocol can rebalance without a member joining or leaving (a subscription or a
+topic's partitions changed): the new member epochs handed out show it."""
 
 
 def _category():  # noqa: ANN202 - a Column
@@ -211,9 +219,20 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
 def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per consumer group and window: ``joins``, ``syncs``, ``leaves``, ``heartbeats``,
     ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors``,
-    ``capture_ids`` and ``storm`` (at least ``threshold`` generations in the window)."""
+    ``capture_ids`` and ``storm`` (at least ``threshold`` generations in the window).
+
+    A ConsumerGroupHeartbeat (KIP-848) is a join when it sends member epoch 0, a leave when
+    it sends -1 or -2, else a heartbeat; its answer hands out a generation (the group epoch
+    the member moves to) only when the member epoch differs from the one sent: the same
+    epoch is a member at rest, however often it heartbeats."""
     groups = facts.filter((F.col("fact") == "group") & (F.col("direction") == "request"))
-    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(*_JOIN, "group_id", "wall_ns")
+    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(
+        *_JOIN,
+        "group_id",
+        "wall_ns",
+        F.col("member_id").alias("sent_member_id"),
+        F.col("generation_id").alias("sent_epoch"),
+    )
     answers = facts.filter(
         (F.col("direction") == "response")
         & F.col("api_key").isin(*GROUP_LIFE)
@@ -223,10 +242,13 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     )
     named = requests.join(answers, _JOIN, "left")
     rebalance_codes = CATEGORIES["rebalance"]
-    joined_ok = (F.col("fact") == "generation") & (F.col("error_code") == 0)
-    per_request = named.groupBy(*_JOIN, "group_id", "wall_ns").agg(
+    heartbeat = F.col("api_key") == CONSUMER_HEARTBEAT
+    moved = ~heartbeat | (F.col("generation_id") != F.col("sent_epoch"))
+    joined_ok = (F.col("fact") == "generation") & (F.col("error_code") == 0) & moved
+    member = F.coalesce(F.col("member_id"), F.col("sent_member_id"))  # an answer at rest names none
+    per_request = named.groupBy(*_JOIN, "group_id", "wall_ns", "sent_epoch").agg(
         F.max(F.when(joined_ok, F.col("generation_id"))).alias("generation_id"),
-        F.max(F.when(joined_ok, F.col("member_id"))).alias("member_id"),
+        F.max(F.when(joined_ok, member)).alias("member_id"),
         F.count(F.when((F.col("fact") == "error") & F.col("error_code").isin(*rebalance_codes), 1)).alias(
             "errors"
         ),
@@ -234,11 +256,15 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     counted = per_request.groupBy(
         "group_id", window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
     )
+    joining = heartbeat & (F.col("sent_epoch") == JOINING_EPOCH)
+    leaving = heartbeat & F.col("sent_epoch").isin(*LEAVING_EPOCHS)
     out = counted.agg(
-        F.count(F.when(F.col("api_key") == ApiKey.JOIN_GROUP, 1)).alias("joins"),
+        F.count(F.when((F.col("api_key") == ApiKey.JOIN_GROUP) | joining, 1)).alias("joins"),
         F.count(F.when(F.col("api_key") == ApiKey.SYNC_GROUP, 1)).alias("syncs"),
-        F.count(F.when(F.col("api_key") == ApiKey.LEAVE_GROUP, 1)).alias("leaves"),
-        F.count(F.when(F.col("api_key") == ApiKey.HEARTBEAT, 1)).alias("heartbeats"),
+        F.count(F.when((F.col("api_key") == ApiKey.LEAVE_GROUP) | leaving, 1)).alias("leaves"),
+        F.count(F.when((F.col("api_key") == ApiKey.HEARTBEAT) | (heartbeat & ~joining & ~leaving), 1)).alias(
+            "heartbeats"
+        ),
         F.sort_array(F.collect_set("generation_id")).alias("generations"),
         F.count_distinct("member_id").alias("members"),
         F.sum("errors").cast("long").alias("rebalance_errors"),

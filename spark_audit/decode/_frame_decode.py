@@ -1,7 +1,8 @@
 """Kafka bodies to flat facts, with kafka-python: plain Python, no Spark (run in executors).
 
 Produce requests are the exception: :mod:`._produce_scalar` reads their record batch
-headers by hand (throughput), and hands anything unusual back to kafka-python.
+headers by hand (throughput), and hands anything unusual back to kafka-python. So is
+ConsumerGroupHeartbeat, which kafka-python has no class for (:mod:`._consumer_group`).
 
 Only the api keys some check needs are decoded (``REQUEST_KEYS``, ``RESPONSE_KEYS``); each
 decoded frame gives zero or more facts, dicts of :data:`spark_audit.decode.FACT_SCHEMA`
@@ -26,6 +27,7 @@ from protocol import (
     response_body_offset,
     response_class,
 )
+from spark_audit.decode._consumer_group import HIGHEST_VERSION, heartbeat_answer, heartbeat_request
 from spark_audit.decode._produce_scalar import produce_batch_facts
 
 Fact = dict[str, Any]
@@ -43,13 +45,16 @@ GROUP_REQUESTS = frozenset(
         ApiKey.OFFSET_DELETE,
     }
 )
-REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS
+HAND_READ = {ApiKey.CONSUMER_GROUP_HEARTBEAT: (heartbeat_request, heartbeat_answer)}
+"""Keys kafka-python has no class for, read by hand (request, answer)."""
+REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS | frozenset(HAND_READ)
 RESPONSE_KEYS = (
     frozenset(
         {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH}
         | {ApiKey.FIND_COORDINATOR}
     )
     | GROUP_REQUESTS
+    | frozenset(HAND_READ)
 )
 DECODED_KEYS = REQUEST_KEYS | RESPONSE_KEYS
 
@@ -65,6 +70,8 @@ def decode(api_key: int, api_version: int, direction: str, frame: bytes, frame_l
     try:
         if len(frame) < frame_length:
             raise Undecodable(f"cut to {len(frame)} of {frame_length} bytes")
+        if api_key in HAND_READ:
+            return _read_by_hand(api_key, api_version, direction, frame)
         if direction == "request":
             if api_key == ApiKey.PRODUCE and (walked := _walk_produce(api_version, frame)) is not None:
                 return walked
@@ -76,6 +83,17 @@ def decode(api_key: int, api_version: int, direction: str, frame: bytes, frame_l
         return [{"fact": "undecodable", "note": str(exc)}]
     except Exception as exc:  # kafka-python raises assorted errors on malformed bodies
         return [{"fact": "undecodable", "note": f"{type(exc).__name__}: {exc}"[:200]}]
+
+
+def _read_by_hand(api_key: int, api_version: int, direction: str, frame: bytes) -> list[Fact]:
+    """Facts of a key of :data:`HAND_READ` (versions up to its :data:`HIGHEST_VERSION`)."""
+    if api_version > HIGHEST_VERSION:
+        raise Undecodable(f"no decoder for api {api_key} v{api_version}")
+    request, answer = HAND_READ[api_key]
+    try:
+        return request(frame) if direction == "request" else answer(frame)
+    except ProtocolError as exc:
+        raise Undecodable(str(exc)) from exc
 
 
 def _walk_produce(api_version: int, frame: bytes) -> list[Fact] | None:

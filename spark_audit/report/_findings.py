@@ -180,7 +180,7 @@ def _only_capture() -> Column:
 def rebalance_findings(groups: DataFrame, window_s: float) -> DataFrame:
     active = groups.filter(GROUP_ACTIVITY)
     summary = F.format_string(
-        f"group %s in {window_s:g} s: %d JoinGroup, %d SyncGroup, %d LeaveGroup, generations [%s], "
+        f"group %s in {window_s:g} s: %d joins, %d SyncGroup, %d leaves, generations [%s], "
         "%d rebalance errors",
         F.col("group_id"),
         F.col("joins"),

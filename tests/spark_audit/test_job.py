@@ -80,7 +80,7 @@ def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
             )
     write_capture(tmp_path, [{**r, "source": "wire", "capture_id": WIRE_CAPTURE} for r in rows])
     report = run_audit(spark, AuditOptions(str(tmp_path), checks=("storms",)))
-    assert report["version"] == 5
+    assert report["version"] == 6
     assert counts(report) == {"storms": {("isr_shrink", "info"): 1}}
     [shrink] = report["storms"]["isr_shrinks"]
     assert (shrink["min_isr"], shrink["replicas"], shrink["under_replicated_ms"]) == (2, 3, 400.0)

@@ -4,6 +4,7 @@ with kafka-python, DataFrames with the exact capture and fact schemas."""
 from __future__ import annotations
 
 import functools
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from protocol.testing import encode_request, encode_response
 from spark_audit.connections import merge_acks, transactions_of
 from spark_audit.decode import FACT_SCHEMA, decode
 from spark_audit.source import CAPTURE_SPARK_SCHEMA
+from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
 
 CAPTURE = "cafe" * 8
 WIRE_CAPTURE = "beef" * 8
@@ -249,6 +251,40 @@ def metadata_facts(
         }
         for found in decoded
     ]
+
+
+def heartbeat_facts(
+    connection: str,
+    seq: int,
+    wall_ms: float,
+    *,
+    sent: int,
+    answered: int,
+    group: str = "g",
+    member: str = "m1",
+    error_code: int = 0,
+    assignment: dict[uuid.UUID, list[int]] | None = None,
+) -> list[dict[str, Any]]:
+    """The facts the audit decodes from a ConsumerGroupHeartbeat of ``member`` sent with
+    member epoch ``sent`` and answered with ``answered`` (and ``error_code``,
+    ``assignment``) a millisecond later, on ``connection``: request seq ``seq``, answer
+    ``seq + 1``, correlation id ``seq``."""
+    api = ApiKey.CONSUMER_GROUP_HEARTBEAT
+    out = []
+    frames = (
+        ("request", seq, wall_ms, heartbeat_request(seq, group, member, sent)),
+        (
+            "response",
+            seq + 1,
+            wall_ms + 1,
+            heartbeat_answer(seq, answered, error_code=error_code, assignment=assignment),
+        ),
+    )
+    for direction, at, wall, frame in frames:
+        decoded = decode(api, 1, direction, frame, len(frame))
+        place = fact(connection, at, "", direction=direction, api_key=api, cid=seq, wall_ms=wall)
+        out += [{**place, **found} for found in decoded]
+    return out
 
 
 def wire_rows() -> list[dict[str, Any]]:

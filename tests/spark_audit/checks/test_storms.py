@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks import error_storms, isr_shrinks, leader_changes, rebalances
-from tests.support.audit_builders import CAPTURE, MS, fact, facts_df, metadata_facts
+from spark_audit.checks import GROUP_ACTIVITY, error_storms, isr_shrinks, leader_changes, rebalances
+from tests.support.audit_builders import CAPTURE, MS, fact, facts_df, heartbeat_facts, metadata_facts
 
 S = 1000  # ms
 
@@ -45,6 +47,21 @@ def storm_window(start_ns, category, *, errors, leader_changes, codes, storm, is
         connections=connections,
         error_codes=codes,
         capture_ids=[CAPTURE] if connections else [],
+        storm=storm,
+    )
+
+
+def group_window(group, start_ns, *, generations=(), storm=False, **counts):
+    """A :func:`rebalances` row of one capture: counts not given are 0."""
+    numbers = {name: counts.get(name, 0) for name in ("joins", "syncs", "leaves", "heartbeats")}
+    return Row(
+        group_id=group,
+        window_start_ns=start_ns,
+        **numbers,
+        generations=list(generations),
+        members=counts.get("members", 0),
+        rebalance_errors=counts.get("rebalance_errors", 0),
+        capture_ids=[CAPTURE],
         storm=storm,
     )
 
@@ -106,32 +123,19 @@ def test_rebalances_per_group_and_window(spark):
         + call("c", 13, 12, 15 * S, group="other")
     )
     expected = [
-        Row(
-            group_id="g",
-            window_start_ns=0,
+        group_window(
+            "g",
+            0,
+            generations=[1, 2],
             joins=3,
             syncs=1,
             leaves=1,
             heartbeats=1,
-            generations=[1, 2],
             members=2,
             rebalance_errors=1,
-            capture_ids=[CAPTURE],
             storm=True,
         ),
-        Row(
-            group_id="other",
-            window_start_ns=10 * S * MS,
-            joins=0,
-            syncs=0,
-            leaves=0,
-            heartbeats=1,
-            generations=[],
-            members=0,
-            rebalance_errors=0,
-            capture_ids=[CAPTURE],
-            storm=False,
-        ),
+        group_window("other", 10 * S * MS, heartbeats=1),
     ]
     assertDataFrameEqual(rebalances(facts_df(spark, rows), 10, threshold=2), expected)
 
@@ -279,3 +283,60 @@ def test_an_isr_shrink_in_answers_of_an_older_metadata_version(spark):
         (12, 4, 2, 3),
     }
     assertDataFrameEqual(isr_shrinks(facts), [shrink(20, min_isr=2, last_ms=25, back_ms=30)])
+
+
+def test_consumer_protocol_rebalances_count_member_epoch_bumps(spark):
+    # KIP-848 (group.protocol=consumer): no JoinGroup or SyncGroup; every member sends
+    # ConsumerGroupHeartbeat, and the coordinator's answer hands out a new member epoch
+    # (with the assignment it reconciles to) at each rebalance step. Epoch 0 joins, -1 leaves.
+    topic = uuid.UUID(int=7)
+    rows = heartbeat_facts("a", 1, 0, sent=0, answered=1, assignment={topic: [0, 1]})
+    rows += heartbeat_facts("a", 3, 100, sent=1, answered=1)  # at rest: counts nothing
+    rows += heartbeat_facts("b", 5, 200, sent=0, answered=2, member="m2", assignment={topic: [1]})
+    rows += heartbeat_facts("a", 7, 300, sent=1, answered=2, assignment={topic: [0]})
+    rows += heartbeat_facts("a", 9, 400, sent=2, answered=2)
+    rows += heartbeat_facts("b", 11, 500, sent=2, answered=0, member="m2", error_code=110)  # fenced
+    rows += heartbeat_facts("b", 13, 600, sent=-1, answered=-1, member="m2")
+    rows += [
+        r
+        for i in range(3)
+        for r in heartbeat_facts("c", 20 + 2 * i, 15 * S + i, sent=4, answered=4, group="calm")
+    ]
+    rows += heartbeat_facts("a", 30, 25 * S, sent=2, answered=3)  # a new subscription elsewhere
+    groups = rebalances(facts_df(spark, rows), 10, threshold=2)
+    expected = [
+        group_window(
+            "g",
+            0,
+            generations=[1, 2],
+            joins=2,
+            leaves=1,
+            heartbeats=4,
+            members=2,
+            rebalance_errors=1,
+            storm=True,
+        ),
+        group_window("calm", 10 * S * MS, heartbeats=3),
+        group_window("g", 20 * S * MS, generations=[3], heartbeats=1, members=1),
+    ]
+    assertDataFrameEqual(groups, expected)
+    active = [(r.group_id, r.window_start_ns) for r in groups.filter(GROUP_ACTIVITY).collect()]
+    assert sorted(active) == [("g", 0), ("g", 20 * S * MS)]
+
+
+def test_consumer_protocol_errors_count_as_rebalance_errors(spark):
+    # FENCED_MEMBER_EPOCH and UNKNOWN_MEMBER_ID answer a ConsumerGroupHeartbeat of a member
+    # the coordinator removed, UNRELEASED_INSTANCE_ID a static member's rejoin while its
+    # old instance still holds the id, STALE_MEMBER_EPOCH an OffsetCommit of an old member
+    # epoch (the consumer protocol's ILLEGAL_GENERATION).
+    rows = heartbeat_facts("a", 1, 0, sent=3, answered=0, error_code=110)
+    rows += heartbeat_facts("b", 3, 10, sent=3, answered=0, error_code=25, member="m2")
+    rows += heartbeat_facts("c", 5, 20, sent=0, answered=0, error_code=111, member="m3")
+    rows += [error("d", 7, 113, 30, api_key=8)]
+    facts = facts_df(spark, rows)
+    got = error_storms(facts, 10, threshold=4).select("category", "errors", "error_codes", "storm")
+    assertDataFrameEqual(
+        got, [Row(category="rebalance", errors=4, error_codes=[25, 110, 111, 113], storm=True)]
+    )
+    [group] = rebalances(facts, 10, threshold=3).collect()
+    assert (group.joins, group.generations, group.rebalance_errors) == (1, [], 3)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 from protocol import request_class, response_class
 from protocol.testing import encode_request, encode_response
 from spark_audit.decode import decode, errors
 from tests.support.audit_builders import metadata_answer, produce_frame, records
+from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
 
 
 def facts_of(frame: bytes, api_key: int, version: int, direction: str) -> list[dict]:
@@ -140,3 +143,24 @@ def test_cut_and_unknown_frames():
     assert decode(0, 9, "request", frame[:20], len(frame))[0]["fact"] == "undecodable"
     assert decode(3, 12, "request", b"\0" * 12, 12) == []  # Metadata requests are not needed
     assert list(errors(object())) == []
+
+
+def test_consumer_group_heartbeat_gives_the_member_epochs_sent_and_handed_out():
+    topic = uuid.UUID(int=3)
+    request = heartbeat_request(4, "g", "m1", 0, owned={topic: [0]}, topics=["t"])
+    assert facts_of(request, 68, 1, "request") == [
+        {"fact": "group", "group_id": "g", "member_id": "m1", "generation_id": 0}
+    ]
+    v0 = heartbeat_request(4, "g", "", 5, version=0)
+    assert facts_of(v0, 68, 0, "request")[0]["generation_id"] == 5
+    answer = heartbeat_answer(4, 9, member="m1", assignment={topic: [0, 1]})
+    assert facts_of(answer, 68, 1, "response") == [
+        {"fact": "generation", "generation_id": 9, "member_id": "m1", "error_code": 0}
+    ]
+    fenced = heartbeat_answer(4, 0, error_code=110)
+    assert facts_of(fenced, 68, 1, "response") == [
+        {"fact": "generation", "generation_id": 0, "member_id": None, "error_code": 110},
+        {"fact": "error", "error_code": 110},
+    ]
+    assert [f["fact"] for f in facts_of(answer[:16], 68, 1, "response")] == ["undecodable"]  # no member
+    assert [f["fact"] for f in facts_of(answer, 68, 2, "response")] == ["undecodable"]  # a version unknown
