@@ -67,7 +67,10 @@ REPORT_VERSION = 6
 that sends member epoch 0 is a join, -1 or -2 a leave, and a member epoch its answer hands
 out other than the one sent is a generation (a window with one is reported); its errors
 FENCED_MEMBER_EPOCH and UNRELEASED_INSTANCE_ID, and STALE_MEMBER_EPOCH, count in the
-``rebalance`` category and as rebalance errors.
+``rebalance`` category and as rebalance errors; a TxnOffsetCommit's offsets are commits
+for ``committed_offset_lost`` once their transaction's EndTxn committed it, and the facts
+gain ``txn_commit``, ``txn_abort`` and ``txn_end_ack`` rows and TxnOffsetCommit ``commit``
+rows.
 
 5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
 shrink however many clients saw it) count in the ``isr_shrink`` category of the error

@@ -1,8 +1,11 @@
 """Check 5, committed-offset loss: an OffsetFetch answered -1 (no committed offset) for a
 group and partition that had a successful OffsetCommit earlier in the capture.
 
-Commits count once their answer says error 0 for the partition. Times are the answers'
-wall clocks, so commits and fetches on different connections compare. A DeleteGroups
+Commits count once their answer says error 0 for the partition. A TxnOffsetCommit (a
+transactional consumer's, such as Kafka Streams exactly-once) counts once its transaction
+committed: when the transaction's EndTxn answered a commit without error; an aborted
+transaction's offsets were never committed. Times are the answers' wall clocks, so
+commits and fetches on different connections compare. A DeleteGroups
 request for the group, or an OffsetDelete request for the group and partition, between
 the commit and the fetch is reported with the loss: it explains it (an operator deleted
 the group or its offsets), but the offsets are gone all the same. A deletion whose answer
@@ -24,15 +27,48 @@ _PARTITION = ["group_id", "topic", "partition"]
 NO_OFFSET = -1
 
 
-def successful_commits(facts: DataFrame) -> DataFrame:
-    """``group_id, topic, partition, offset, wall_ns`` (of the answer) per acknowledged commit."""
-    commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == ApiKey.OFFSET_COMMIT)).select(
-        *_CALL, *_PARTITION, "offset"
+def _acknowledged(facts: DataFrame, api_key: int, *extra: str) -> DataFrame:
+    """``group_id, topic, partition, offset, wall_ns`` (of the answer) and ``extra`` columns
+    of the request, per partition of an ``api_key`` commit its answer acknowledged."""
+    commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == api_key)).select(
+        *_CALL, *_PARTITION, "offset", *extra
     )
     acks = facts.filter((F.col("fact") == "commit_ack") & (F.col("error_code") == 0)).select(
         *_CALL, "topic", "partition", "wall_ns"
     )
-    return commits.join(acks, [*_CALL, "topic", "partition"]).select(*_PARTITION, "offset", "wall_ns")
+    return commits.join(acks, [*_CALL, "topic", "partition"]).select(*_PARTITION, "offset", "wall_ns", *extra)
+
+
+def transaction_commits(facts: DataFrame) -> DataFrame:
+    """``group_id, topic, partition, offset, wall_ns`` per offset a TxnOffsetCommit wrote in a
+    transaction that then committed, at the time of the EndTxn answer that committed it.
+
+    The group coordinator holds a transaction's offsets apart until the transaction ends:
+    they count only when the transaction's next EndTxn answered without error after them
+    (its transactional id, producer id and epoch) committed it; an abort, a transaction a
+    newer producer fenced (no EndTxn of that epoch) or an EndTxn not seen commit nothing."""
+    txn = ["transactional_id", "producer_id", "producer_epoch"]
+    offsets = _acknowledged(facts, ApiKey.TXN_OFFSET_COMMIT, *txn)
+    ends = facts.filter(F.col("fact").isin("txn_commit", "txn_abort")).select(
+        *_CALL, *txn, (F.col("fact") == "txn_commit").alias("committed")
+    )
+    answered = facts.filter((F.col("fact") == "txn_end_ack") & (F.col("error_code") == 0)).select(
+        *_CALL, F.col("wall_ns").alias("ended_wall_ns")
+    )
+    ended = ends.join(answered, _CALL).drop(*_CALL)
+    after = offsets.join(ended, txn).filter(F.col("ended_wall_ns") > F.col("wall_ns"))
+    first = after.groupBy(*_PARTITION, "offset", "wall_ns", *txn).agg(
+        F.min_by(F.struct("committed", "ended_wall_ns"), "ended_wall_ns").alias("end")
+    )
+    return first.filter(F.col("end.committed")).select(
+        *_PARTITION, "offset", F.col("end.ended_wall_ns").alias("wall_ns")
+    )
+
+
+def successful_commits(facts: DataFrame) -> DataFrame:
+    """``group_id, topic, partition, offset, wall_ns`` (of the answer) per acknowledged
+    OffsetCommit, and per offset of a committed transaction (:func:`transaction_commits`)."""
+    return _acknowledged(facts, ApiKey.OFFSET_COMMIT).unionByName(transaction_commits(facts))
 
 
 def fetched_offsets(facts: DataFrame) -> DataFrame:

@@ -58,8 +58,11 @@ FACT_SCHEMA = pa.schema(
     ]
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
-commit_ack, fetched_offset, group, generation, error, undecodable; each sets the columns
-that apply to it (see :mod:`._frame_decode`). A ``produce_batch`` carries its v2 batch
+commit_ack, txn_commit, txn_abort, txn_end_ack, fetched_offset, group, generation, error,
+undecodable; each sets the columns that apply to it (see :mod:`._frame_decode`). A
+``commit`` of a TxnOffsetCommit (``api_key`` 28) and the ``txn_commit`` or ``txn_abort``
+of an EndTxn request carry the ``transactional_id``, ``producer_id`` and
+``producer_epoch`` of their transaction. A ``produce_batch`` carries its v2 batch
 header's ``first_timestamp`` and ``batch_length`` (the header's length field), which with
 topic, partition, CRC and record count identify a batch without a producer id, and
 ``lineage_id``: on a proxy capture's upstream request, the client correlation id it

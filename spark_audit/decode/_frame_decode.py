@@ -47,7 +47,9 @@ GROUP_REQUESTS = frozenset(
 )
 HAND_READ = {ApiKey.CONSUMER_GROUP_HEARTBEAT: (heartbeat_request, heartbeat_answer)}
 """Keys kafka-python has no class for, read by hand (request, answer)."""
-REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS | frozenset(HAND_READ)
+TRANSACTION_KEYS = frozenset({ApiKey.TXN_OFFSET_COMMIT, ApiKey.END_TXN})
+"""A transaction's offsets (TxnOffsetCommit) are committed when it commits (EndTxn)."""
+REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS | frozenset(HAND_READ) | TRANSACTION_KEYS
 RESPONSE_KEYS = (
     frozenset(
         {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH}
@@ -55,6 +57,7 @@ RESPONSE_KEYS = (
     )
     | GROUP_REQUESTS
     | frozenset(HAND_READ)
+    | TRANSACTION_KEYS
 )
 DECODED_KEYS = REQUEST_KEYS | RESPONSE_KEYS
 
@@ -138,6 +141,13 @@ def _request_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:
         return
     if api_key == ApiKey.OFFSET_COMMIT:
         yield from _commits(body)
+    if api_key == ApiKey.TXN_OFFSET_COMMIT:  # committed only if the transaction commits
+        producer = _producer(body)
+        yield from ({**fact, **producer} for fact in _commits(body))
+        return
+    if api_key == ApiKey.END_TXN:
+        yield {"fact": "txn_commit" if body.committed else "txn_abort", **_producer(body)}
+        return
     if api_key == ApiKey.DELETE_GROUPS:
         for group in body.groups_names or ():
             yield {"fact": "group", "group_id": group}
@@ -198,6 +208,15 @@ def _group_partitions(body: Any, kind: str) -> Iterator[tuple[Fact, Any]]:
             yield {**place, "partition": partition.partition_index}, partition
 
 
+def _producer(body: Any) -> Fact:
+    """The transaction a TxnOffsetCommit or EndTxn request belongs to."""
+    return {
+        "transactional_id": body.transactional_id,
+        "producer_id": body.producer_id,
+        "producer_epoch": body.producer_epoch,
+    }
+
+
 def _commits(body: Any) -> Iterator[Fact]:
     for fact, partition in _group_partitions(body, "commit"):
         yield {**fact, "offset": partition.committed_offset}
@@ -227,7 +246,9 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "isr_size": _size(partition.isr_nodes),
                     "replica_size": _size(partition.replica_nodes),
                 }
-    elif api_key == ApiKey.OFFSET_COMMIT:
+    elif api_key == ApiKey.END_TXN:
+        yield {"fact": "txn_end_ack", "error_code": body.error_code}
+    elif api_key in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT):  # the same answer
         for topic in body.topics or ():
             for partition in topic.partitions or ():
                 yield {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -253,6 +253,23 @@ def metadata_facts(
     ]
 
 
+def call_facts(
+    connection: str, seq: int, wall_ms: float, api_key: int, version: int, request: bytes, answer: bytes
+) -> list[dict[str, Any]]:
+    """The facts the audit decodes from ``request`` and ``answer`` (``version`` of
+    ``api_key``), the answer a millisecond later, on ``connection``: request seq ``seq``,
+    answer ``seq + 1``, correlation id ``seq``."""
+    out = []
+    for direction, at, wall, frame in (
+        ("request", seq, wall_ms, request),
+        ("response", seq + 1, wall_ms + 1, answer),
+    ):
+        decoded = decode(api_key, version, direction, frame, len(frame))
+        place = fact(connection, at, "", direction=direction, api_key=api_key, cid=seq, wall_ms=wall)
+        out += [{**place, "api_version": version, **found} for found in decoded]
+    return out
+
+
 def heartbeat_facts(
     connection: str,
     seq: int,
@@ -265,26 +282,72 @@ def heartbeat_facts(
     error_code: int = 0,
     assignment: dict[uuid.UUID, list[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The facts the audit decodes from a ConsumerGroupHeartbeat of ``member`` sent with
-    member epoch ``sent`` and answered with ``answered`` (and ``error_code``,
-    ``assignment``) a millisecond later, on ``connection``: request seq ``seq``, answer
-    ``seq + 1``, correlation id ``seq``."""
-    api = ApiKey.CONSUMER_GROUP_HEARTBEAT
-    out = []
-    frames = (
-        ("request", seq, wall_ms, heartbeat_request(seq, group, member, sent)),
-        (
-            "response",
-            seq + 1,
-            wall_ms + 1,
-            heartbeat_answer(seq, answered, error_code=error_code, assignment=assignment),
-        ),
+    """:func:`call_facts` of a ConsumerGroupHeartbeat of ``member`` sent with member epoch
+    ``sent`` and answered with ``answered`` (and ``error_code``, ``assignment``)."""
+    request = heartbeat_request(seq, group, member, sent)
+    answer = heartbeat_answer(seq, answered, error_code=error_code, assignment=assignment)
+    return call_facts(connection, seq, wall_ms, ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, request, answer)
+
+
+class Transaction(NamedTuple):
+    """The transaction a TxnOffsetCommit or EndTxn belongs to."""
+
+    transactional_id: str = "tx"
+    producer_id: int = 7
+    epoch: int = 0
+
+
+TX = Transaction()
+"""Transaction ``tx`` of producer 7, epoch 0."""
+
+
+def txn_offset_commit_facts(
+    connection: str,
+    seq: int,
+    wall_ms: float,
+    offset: int,
+    *,
+    txn: Transaction = TX,
+    error_code: int = 0,
+) -> list[dict[str, Any]]:
+    """:func:`call_facts` of a TxnOffsetCommit v3 of ``offset`` for group ``g``'s partition
+    ``t-0`` in ``txn``, answered ``error_code``."""
+    cls, answer_cls = request_class(ApiKey.TXN_OFFSET_COMMIT), response_class(ApiKey.TXN_OFFSET_COMMIT)
+    topic = cls.TxnOffsetCommitRequestTopic
+    partition = topic.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=offset)
+    body = cls(
+        version=3,
+        transactional_id=txn.transactional_id,
+        group_id="g",
+        producer_id=txn.producer_id,
+        producer_epoch=txn.epoch,
+        generation_id=1,
+        member_id="m1",
+        topics=[topic(name="t", partitions=[partition])],
     )
-    for direction, at, wall, frame in frames:
-        decoded = decode(api, 1, direction, frame, len(frame))
-        place = fact(connection, at, "", direction=direction, api_key=api, cid=seq, wall_ms=wall)
-        out += [{**place, **found} for found in decoded]
-    return out
+    answered = answer_cls.TxnOffsetCommitResponseTopic
+    part = answered.TxnOffsetCommitResponsePartition(partition_index=0, error_code=error_code)
+    answer = encode_response(answer_cls(version=3, topics=[answered(name="t", partitions=[part])]), seq)
+    return call_facts(
+        connection, seq, wall_ms, ApiKey.TXN_OFFSET_COMMIT, 3, encode_request(body, seq), answer
+    )
+
+
+def end_txn_facts(
+    connection: str,
+    seq: int,
+    wall_ms: float,
+    committed: bool,
+    *,
+    txn: Transaction = TX,
+    error_code: int = 0,
+) -> list[dict[str, Any]]:
+    """:func:`call_facts` of an EndTxn v3 that commits (or aborts) ``txn``, answered ``error_code``."""
+    cls, answer_cls = request_class(ApiKey.END_TXN), response_class(ApiKey.END_TXN)
+    transaction = {"transactional_id": txn.transactional_id, "producer_id": txn.producer_id}
+    body = cls(version=3, **transaction, producer_epoch=txn.epoch, committed=committed)
+    answer = encode_response(answer_cls(version=3, error_code=error_code), seq)
+    return call_facts(connection, seq, wall_ms, ApiKey.END_TXN, 3, encode_request(body, seq), answer)
 
 
 def wire_rows() -> list[dict[str, Any]]:

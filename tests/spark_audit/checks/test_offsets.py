@@ -8,7 +8,15 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from spark_audit.checks import offset_losses
-from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
+from tests.support.audit_builders import (
+    CAPTURE,
+    MS,
+    Transaction,
+    end_txn_facts,
+    fact,
+    facts_df,
+    txn_offset_commit_facts,
+)
 
 
 def commit(conn, seq, wall_ms, offset, partition=0, error_code=0):
@@ -137,3 +145,35 @@ def test_a_batched_offset_fetch_names_each_partitions_group_in_its_answer(spark)
     ]
     got = offset_losses(facts_df(spark, rows)).select("group_id", "partition", "last_offset", "fetches")
     assertDataFrameEqual(got, [Row(group_id="g", partition=1, last_offset=4, fetches=1)])
+
+
+def test_a_committed_transactions_offsets_are_commits(spark):
+    # Kafka Streams exactly-once, read-process-write apps: the consumer's offsets go to the
+    # group coordinator in a TxnOffsetCommit and are committed when EndTxn commits (to the
+    # transaction coordinator, often on another connection).
+    rows = (
+        txn_offset_commit_facts("p", 1, 10, 9)
+        + end_txn_facts("t", 3, 20, True, error_code=51)  # CONCURRENT_TRANSACTIONS: retried
+        + end_txn_facts("t", 5, 25, True)
+        + fetch("c", 7, 50, -1)
+    )
+    got = offset_losses(facts_df(spark, rows)).select("partition", "last_offset", "committed_wall_ns")
+    assertDataFrameEqual(got, [Row(partition=0, last_offset=9, committed_wall_ns=26 * MS)])
+
+
+def test_an_uncommitted_transactions_offsets_are_no_commits(spark):
+    rows = (
+        commit("a", 1, 0, 5)
+        + txn_offset_commit_facts("p", 3, 10, 9)
+        + end_txn_facts("t", 5, 20, False)  # aborted: offset 9 was never committed
+        + end_txn_facts("t", 7, 30, True)  # the next transaction, with no offsets
+        + txn_offset_commit_facts(
+            "p", 9, 40, 12, txn=Transaction(epoch=1)
+        )  # the producer was fenced, never ended it
+        + end_txn_facts("t", 11, 50, True, txn=Transaction(epoch=2))  # its successor's transaction
+        + txn_offset_commit_facts("p", 13, 60, 14, error_code=47)  # refused: INVALID_PRODUCER_EPOCH
+        + end_txn_facts("t", 15, 70, True)
+        + fetch("c", 17, 80, -1)
+    )
+    got = offset_losses(facts_df(spark, rows)).select("last_offset", "committed_wall_ns")
+    assertDataFrameEqual(got, [Row(last_offset=5, committed_wall_ns=1 * MS)])

@@ -7,7 +7,14 @@ import uuid
 from protocol import request_class, response_class
 from protocol.testing import encode_request, encode_response
 from spark_audit.decode import decode, errors
-from tests.support.audit_builders import metadata_answer, produce_frame, records
+from tests.support.audit_builders import (
+    Transaction,
+    end_txn_facts,
+    metadata_answer,
+    produce_frame,
+    records,
+    txn_offset_commit_facts,
+)
 from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
 
 
@@ -164,3 +171,30 @@ def test_consumer_group_heartbeat_gives_the_member_epochs_sent_and_handed_out():
     ]
     assert [f["fact"] for f in facts_of(answer[:16], 68, 1, "response")] == ["undecodable"]  # no member
     assert [f["fact"] for f in facts_of(answer, 68, 2, "response")] == ["undecodable"]  # a version unknown
+
+
+def test_transactional_offset_commits_and_transaction_ends():
+    txn = Transaction("tx", producer_id=7, epoch=2)
+    rows = txn_offset_commit_facts("p", 1, 0, 9, txn=txn, error_code=47)
+    rows += end_txn_facts("t", 3, 10, True, txn=txn)
+    rows += end_txn_facts("t", 5, 20, False, txn=txn, error_code=48)
+    keys = (
+        "fact",
+        "group_id",
+        "topic",
+        "partition",
+        "offset",
+        "transactional_id",
+        "producer_id",
+        "producer_epoch",
+    )
+    assert [tuple(r[k] for k in (*keys, "error_code")) for r in rows] == [
+        ("commit", "g", "t", 0, 9, "tx", 7, 2, None),
+        ("commit_ack", None, "t", 0, None, None, None, None, 47),
+        ("error", None, "t", 0, None, None, None, None, 47),
+        ("txn_commit", None, None, None, None, "tx", 7, 2, None),
+        ("txn_end_ack", None, None, None, None, None, None, None, 0),
+        ("txn_abort", None, None, None, None, "tx", 7, 2, None),
+        ("txn_end_ack", None, None, None, None, None, None, None, 48),
+        ("error", None, None, None, None, None, None, None, 48),
+    ]
