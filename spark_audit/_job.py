@@ -25,7 +25,6 @@ from spark_audit._progress import Progress
 from spark_audit._tally import FINDING_TAG, as_json, finding_rows, tally_rows, tally_tables
 from spark_audit.checks import (
     GROUP_ACTIVITY,
-    attempts,
     duplicates_of_sends,
     error_storms,
     isr_shrinks,
@@ -70,7 +69,8 @@ FENCED_MEMBER_EPOCH and UNRELEASED_INSTANCE_ID, and STALE_MEMBER_EPOCH, count in
 ``rebalance`` category and as rebalance errors; a TxnOffsetCommit's offsets are commits
 for ``committed_offset_lost`` once their transaction's EndTxn committed it, and the facts
 gain ``txn_commit``, ``txn_abort`` and ``txn_end_ack`` rows and TxnOffsetCommit ``commit``
-rows.
+rows; an idempotent batch that takes the sequences of a batch the broker refused, or
+starts again at 0 after UNKNOWN_PRODUCER_ID, is no ``sequence_reused``.
 
 5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
 shrink however many clients saw it) count in the ``isr_shrink`` category of the error
@@ -379,7 +379,7 @@ class _AuditRun:
         if self._has_facts("batch_sends"):
             found.append(duplicate_findings(duplicates_of_sends(self.batch_sends)))
         if self._has_facts("produce_batch"):  # batches with a producer id
-            found.append(sequence_findings(sequence_problems(attempts(self.facts))))
+            found.append(sequence_findings(sequence_problems(self.facts)))
         return functools.reduce(DataFrame.unionByName, found) if found else None
 
 

@@ -19,12 +19,14 @@
   partition, each batch's base sequence should follow the previous batch's last one
   (wrapping at 2^31): ``sequence_gap`` when it jumps ahead, ``sequence_reused`` when a
   different batch (another CRC) reuses sequences; ``retried`` when the same batch was sent
-  again, which the broker de-duplicates.
+  again, which the broker de-duplicates. Sequences the broker does not hold are free to
+  take: a refused batch's, and all of them after UNKNOWN_PRODUCER_ID (clients before
+  KIP-360 renumber and restart under the same producer id and epoch).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
@@ -122,24 +124,68 @@ def duplicates_of_sends(sends: DataFrame) -> DataFrame:
     )
 
 
-def sequence_problems(tries: DataFrame) -> DataFrame:
-    """Idempotent batches out of sequence: ``kind`` sequence_gap, sequence_reused or retried."""
-    producer = ["producer_id", "producer_epoch", "topic", "partition"]
-    idempotent = tries.filter((F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0))
-    distinct = idempotent.groupBy(*producer, "base_sequence", "crc").agg(
+DUPLICATE_SEQUENCE_NUMBER = 46
+UNKNOWN_PRODUCER_ID = 59
+_PRODUCER = ["producer_id", "producer_epoch", "topic", "partition"]
+
+
+def _idempotent_batches(facts: DataFrame) -> DataFrame:
+    """The idempotent batches sent, one row per distinct batch (producer id, epoch, topic,
+    partition, base sequence, CRC): its ``first`` send, ``sends``, ``record_count``,
+    ``given_back`` (every send of it answered with an error that appended nothing, its
+    sequences free again) and ``state_lost`` (a send of it answered UNKNOWN_PRODUCER_ID)."""
+    idempotent = attempts(facts).filter((F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0))
+    answer_errors = facts.filter((F.col("fact") == "error") & (F.col("api_key") == ApiKey.PRODUCE)).select(
+        *_CALL, "topic", "partition", "error_code"
+    )
+    sends = idempotent.join(answer_errors, [*_CALL, "topic", "partition"], "left")
+    # acknowledged is false for an error answer that leaves nothing appended; a
+    # DUPLICATE_SEQUENCE_NUMBER answer says the batch was appended before
+    refused = F.coalesce(~F.col("acknowledged"), F.lit(False)) & ~F.coalesce(
+        F.col("error_code") == DUPLICATE_SEQUENCE_NUMBER, F.lit(False)
+    )
+    state_lost = F.coalesce(F.col("error_code") == UNKNOWN_PRODUCER_ID, F.lit(False))
+    return sends.groupBy(*_PRODUCER, "base_sequence", "crc").agg(
         F.min(F.struct("wall_ns", "capture_id", "connection_id")).alias("first"),
         F.count("*").alias("sends"),
         F.max("record_count").alias("record_count"),
+        F.min(refused.cast("int")).alias("given_back"),
+        F.max(state_lost.cast("int")).alias("state_lost"),
     )
-    order = Window.partitionBy(*producer).orderBy("first.wall_ns", "base_sequence")
+
+
+def _restarted() -> Column:
+    """A batch whose sequences were free again when it was sent: the last batch that used
+    its base sequence was refused (a client before KIP-360, Kafka 2.5, gives a refused
+    batch's sequences to the batches after it), or it starts at 0 and the broker lost the
+    producer's state since the last batch that did (UNKNOWN_PRODUCER_ID: such a client,
+    and a transactional one to this day, starts the partition again at 0 under the same
+    producer id and epoch)."""
+    order = Window.partitionBy(*_PRODUCER).orderBy("first.wall_ns", "base_sequence", "crc")
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    same_base = Window.partitionBy(*_PRODUCER, "base_sequence").orderBy("first.wall_ns", "crc")
+    last_lost_ns = F.max(F.when(F.col("state_lost") == 1, F.col("first.wall_ns"))).over(before)
+    previous_ns = F.lag("first.wall_ns").over(same_base)
+    restart = (F.col("base_sequence") == 0) & last_lost_ns.isNotNull()
+    restart &= previous_ns.isNull() | (previous_ns < last_lost_ns)
+    return restart | F.coalesce(F.lag("given_back").over(same_base) == 1, F.lit(False))
+
+
+def sequence_problems(facts: DataFrame) -> DataFrame:
+    """Idempotent batches out of sequence: ``kind`` sequence_gap, sequence_reused or retried.
+
+    A different batch that takes sequences the broker does not hold is no reuse: those of
+    a batch it refused, or from 0 after it lost the producer's state (:func:`_restarted`)."""
+    distinct = _idempotent_batches(facts)
+    order = Window.partitionBy(*_PRODUCER).orderBy("first.wall_ns", "base_sequence")
     previous_end = F.lag((F.col("base_sequence").cast("long") + F.col("record_count")) % SEQUENCE_WRAP).over(
         order
     )
-    with_prev = distinct.withColumn("expected_sequence", previous_end)
+    with_prev = distinct.withColumn("expected_sequence", previous_end).withColumn("restarted", _restarted())
     kind = (
         F.when(F.col("expected_sequence").isNull(), F.when(F.col("sends") > 1, "retried"))
         .when(F.col("base_sequence") > F.col("expected_sequence"), "sequence_gap")
-        .when(F.col("base_sequence") < F.col("expected_sequence"), "sequence_reused")
+        .when((F.col("base_sequence") < F.col("expected_sequence")) & ~F.col("restarted"), "sequence_reused")
         .when(F.col("sends") > 1, "retried")
     )
     found = with_prev.withColumn("kind", kind).filter(F.col("kind").isNotNull())
@@ -147,7 +193,7 @@ def sequence_problems(tries: DataFrame) -> DataFrame:
         F.col("first.capture_id").alias("capture_id"),
         F.col("first.connection_id").alias("connection_id"),
         F.col("first.wall_ns").alias("wall_ns"),
-        *producer,
+        *_PRODUCER,
         "base_sequence",
         "expected_sequence",
         "record_count",

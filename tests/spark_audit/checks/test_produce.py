@@ -203,7 +203,7 @@ def test_sequence_problems_of_idempotent_producers(spark):
         p(15, 7, 8, 5, 1, 30, 1, "sequence_gap"),
         p(20, 7, 8, 9, 1, 40, 1, "sequence_reused"),
     ]
-    assertDataFrameEqual(sequence_problems(attempts(facts_df(spark, rows))), expected)
+    assertDataFrameEqual(sequence_problems(facts_df(spark, rows)), expected)
 
 
 def test_a_send_refused_after_the_leader_appended_it_may_be_a_duplicate(spark):
@@ -224,4 +224,50 @@ def test_a_send_refused_after_the_leader_appended_it_may_be_a_duplicate(spark):
     assert _kinds(spark, rows) == [
         (111, TIMESTAMP, "possible_duplicate", 2, 1, 0),
         (222, TIMESTAMP, "possible_duplicate", 2, 1, 0),
+    ]
+
+
+def refused(conn, seq, wall_ms, error_code):
+    """A Produce answer with an error, and the error fact the decode gives with it."""
+    error = {**ack(conn, seq, wall_ms, error_code), "fact": "error", "offset": None}
+    return [ack(conn, seq, wall_ms, error_code), error]
+
+
+def test_sequences_an_idempotent_producer_gave_back_or_restarted_are_not_reused(spark):
+    # Before KIP-360 (Kafka 2.5) an idempotent producer keeps its producer id and epoch when
+    # a batch fails: the batches after a batch the broker refused take over its sequences,
+    # and when the broker lost the producer's state (UNKNOWN_PRODUCER_ID, the log's head
+    # deleted past the last acknowledged offset) the partition starts again at 0. Neither
+    # reuses a sequence the broker holds. (Transactional producers still do the latter.)
+    rows = [
+        batch("a", 1, 0, 10, pid=7, base=0),
+        ack("a", 1, 1),
+        batch("a", 3, 10, 20, pid=7, base=2),
+        *refused("a", 3, 11, 10),  # MESSAGE_TOO_LARGE: never appended
+        batch("a", 5, 15, 30, pid=7, base=4),  # in flight behind it
+        *refused("a", 5, 16, 45),  # OUT_OF_ORDER_SEQUENCE_NUMBER: 2 and 3 are missing
+        batch("a", 7, 20, 31, pid=7, base=2),  # the same records, given sequence 2
+        ack("a", 7, 21),
+        batch("a", 9, 25, 40, pid=7, base=4),
+        ack("a", 9, 26),
+        batch("a", 11, 30, 50, pid=7, base=6),
+        *refused("a", 11, 31, 59),  # UNKNOWN_PRODUCER_ID: the broker lost the producer's state
+        batch("a", 13, 35, 51, pid=7, base=0),  # the same records from sequence 0
+        ack("a", 13, 36),
+        batch("a", 15, 40, 60, pid=7, base=2),
+        ack("a", 15, 41),
+        batch("a", 17, 45, 70, pid=7, base=2),  # reused: 2 was acknowledged
+        ack("a", 17, 46),
+        batch("a", 19, 50, 80, pid=7, base=0, count=1),  # reused: no state lost since the restart
+        ack("a", 19, 51),
+        batch("b", 21, 60, 90, pid=9, base=0, count=1),
+        *refused("b", 21, 61, 46),  # DUPLICATE_SEQUENCE_NUMBER: appended before
+        batch("b", 23, 65, 91, pid=9, base=0, count=1),  # reused
+        ack("b", 23, 66),
+    ]
+    found = sequence_problems(facts_df(spark, rows)).collect()
+    assert sorted((r.kind, r.crc, r.expected_sequence) for r in found) == [
+        ("sequence_reused", 70, 4),
+        ("sequence_reused", 80, 4),
+        ("sequence_reused", 91, 1),
     ]
