@@ -70,7 +70,9 @@ FENCED_MEMBER_EPOCH and UNRELEASED_INSTANCE_ID, and STALE_MEMBER_EPOCH, count in
 for ``committed_offset_lost`` once their transaction's EndTxn committed it, and the facts
 gain ``txn_commit``, ``txn_abort`` and ``txn_end_ack`` rows and TxnOffsetCommit ``commit``
 rows; an idempotent batch that takes the sequences of a batch the broker refused, or
-starts again at 0 after UNKNOWN_PRODUCER_ID, is no ``sequence_reused``.
+starts again at 0 after UNKNOWN_PRODUCER_ID, is no ``sequence_reused``; the facts'
+``leader`` rows carry the answer's ``cluster_id``, and leader changes and ISR shrinks are
+per cluster (their ``storms`` rows carry ``cluster_id``).
 
 5: ISR shrinks seen in Metadata answers (fewer in-sync replicas than replicas, once per
 shrink however many clients saw it) count in the ``isr_shrink`` category of the error

@@ -42,6 +42,8 @@ GROUP_LIFE = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP, ApiKey.H
 JOINING_EPOCH = 0
 LEAVING_EPOCHS = (-1, -2)  # -2: a static member leaving, to come back with its instance id
 _JOIN = ["capture_id", "connection_id", "correlation_id", "api_key"]
+_PARTITION = ["cluster_id", "topic", "partition"]
+"""A partition: topics of one name on two clusters (Metadata answers name theirs) are two."""
 GROUP_ACTIVITY = "joins > 0 or leaves > 0 or rebalance_errors > 0 or size(generations) > 0"
 """Rebalance windows worth reporting: heartbeats alone are a group at rest. A group on the
 consumer protocol can rebalance without a member joining or leaving (a subscription or a
@@ -57,7 +59,7 @@ def _category():  # noqa: ANN202 - a Column
 
 def leader_changes(facts: DataFrame) -> DataFrame:
     """Each partition's leader changes, in the order first seen by any client:
-    ``topic, partition, wall_ns, from_leader, to_leader, from_epoch, to_epoch``.
+    ``topic, partition, wall_ns, from_leader, to_leader, from_epoch, to_epoch, cluster_id``.
 
     Metadata answers before v7 carry no leader epoch. Where answers with epochs name the
     same leader of the partition, one without is the same leadership as far as it can tell,
@@ -65,17 +67,17 @@ def leader_changes(facts: DataFrame) -> DataFrame:
     (to the same leader) per real one."""
     sightings = (
         _leaders(facts)
-        .groupBy("topic", "partition", "leader_epoch", "leader_id")
+        .groupBy(*_PARTITION, "leader_epoch", "leader_id")
         .agg(F.min("wall_ns").alias("wall_ns"))
     )
-    same_leader = Window.partitionBy("topic", "partition", "leader_id")
+    same_leader = Window.partitionBy(*_PARTITION, "leader_id")
     with_epoch = F.max(F.col("leader_epoch").isNotNull().cast("int")).over(same_leader)
     seen = (
         sightings.withColumn("with_epoch", with_epoch)
         .filter(F.col("leader_epoch").isNotNull() | (F.col("with_epoch") == 0))
         .drop("with_epoch")
     )
-    order = Window.partitionBy("topic", "partition").orderBy("wall_ns", "leader_epoch", "leader_id")
+    order = Window.partitionBy(*_PARTITION).orderBy("wall_ns", "leader_epoch", "leader_id")
     with_prev = seen.select(
         "*",
         F.lag("leader_id").over(order).alias("from_leader"),
@@ -89,12 +91,21 @@ def leader_changes(facts: DataFrame) -> DataFrame:
         F.col("leader_id").alias("to_leader"),
         "from_epoch",
         F.col("leader_epoch").alias("to_epoch"),
+        "cluster_id",
     )
 
 
 def _leaders(facts: DataFrame) -> DataFrame:
-    """The ``leader`` facts of partitions with a leader, read without error."""
-    return facts.filter((F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0))
+    """The ``leader`` facts of partitions with a leader, read without error. An answer
+    before Metadata v2 names no cluster: where answers that do name one cluster only for
+    the topic and partition, it is that cluster's (clients of old and new versions on one
+    cluster make one timeline, not two)."""
+    leaders = facts.filter(
+        (F.col("fact") == "leader") & (F.col("error_code") == 0) & (F.col("leader_id") >= 0)
+    )
+    named = F.collect_set("cluster_id").over(Window.partitionBy("topic", "partition"))
+    only = F.when(F.size(named) == 1, named.getItem(0))
+    return leaders.withColumn("cluster_id", F.coalesce(F.col("cluster_id"), only))
 
 
 def isr_shrinks(facts: DataFrame) -> DataFrame:
@@ -103,7 +114,8 @@ def isr_shrinks(facts: DataFrame) -> DataFrame:
     ``replicas``, ``min_isr`` (the fewest in sync any answer listed before the return),
     ``last_under_wall_ns`` (the last answer still short), ``expanded_wall_ns`` (the first
     answer with every replica in sync again; null: none in the capture) and
-    ``under_replicated_ms`` (to the return, or at least to the last answer still short).
+    ``under_replicated_ms`` (to the return, or at least to the last answer still short),
+    ``cluster_id``.
 
     The answers of every client make one timeline per partition, so a shrink that several
     clients saw is one shrink, from the first answer that showed it to the first that no
@@ -111,15 +123,15 @@ def isr_shrinks(facts: DataFrame) -> DataFrame:
     there."""
     seen = _leaders(facts).filter(F.col("isr_size").isNotNull() & F.col("replica_size").isNotNull())
     under = F.col("isr_size") < F.col("replica_size")
-    order = Window.partitionBy("topic", "partition").orderBy("wall_ns", "isr_size", "replica_size")
-    sightings = seen.select("topic", "partition", "wall_ns", "isr_size", "replica_size", under.alias("under"))
+    order = Window.partitionBy(*_PARTITION).orderBy("wall_ns", "isr_size", "replica_size")
+    sightings = seen.select(*_PARTITION, "wall_ns", "isr_size", "replica_size", under.alias("under"))
     starts = F.col("under") & ~F.coalesce(F.lag("under").over(order), F.lit(False))
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     numbered = sightings.withColumn("shrink", F.sum(starts.cast("int")).over(so_far))
     short, back = F.col("under"), ~F.col("under")
     episodes = (
         numbered.filter(F.col("shrink") > 0)
-        .groupBy("topic", "partition", "shrink")
+        .groupBy(*_PARTITION, "shrink")
         .agg(
             F.min(F.when(short, F.col("wall_ns"))).alias("wall_ns"),
             F.max(F.when(short, F.col("replica_size"))).alias("replicas"),
@@ -138,6 +150,7 @@ def isr_shrinks(facts: DataFrame) -> DataFrame:
         "last_under_wall_ns",
         "expanded_wall_ns",
         ((until - F.col("wall_ns")) / 1e6).alias("under_replicated_ms"),
+        "cluster_id",
     )
 
 

@@ -55,6 +55,7 @@ FACT_SCHEMA = pa.schema(
         pa.field("note", pa.string()),
         pa.field("isr_size", pa.int32()),
         pa.field("replica_size", pa.int32()),
+        pa.field("cluster_id", pa.string()),
     ]
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
@@ -69,7 +70,9 @@ topic, partition, CRC and record count identify a batch without a producer id, a
 carries, which corrfix's re-sends of it share (null on wire captures: no lineage). A
 ``leader`` fact (a partition of a Metadata answer) carries ``isr_size`` and
 ``replica_size``, how many in-sync replicas and replicas the answer lists: fewer in sync
-than replicas is an under-replicated partition (:func:`spark_audit.checks.isr_shrinks`)."""
+than replicas is an under-replicated partition (:func:`spark_audit.checks.isr_shrinks`),
+and the answer's ``cluster_id`` (Metadata v2+; null before), which tells the partitions
+of two clusters with topics of one name apart."""
 
 FACT_SPARK_SCHEMA = from_arrow_schema(FACT_SCHEMA)
 INPUT_COLUMNS = (

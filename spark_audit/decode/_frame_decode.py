@@ -33,6 +33,8 @@ from spark_audit.decode._produce_scalar import produce_batch_facts
 Fact = dict[str, Any]
 
 OFFSET_FETCH_BATCHED = 8
+METADATA_CLUSTER_ID = 2
+"""The first Metadata version whose answer names its cluster."""
 GROUP_REQUESTS = frozenset(
     {
         ApiKey.OFFSET_COMMIT,
@@ -234,6 +236,7 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "offset": partition.base_offset,
                 }
     elif api_key == ApiKey.METADATA:
+        cluster = body.cluster_id if api_version >= METADATA_CLUSTER_ID else None
         for topic in body.topics or ():
             for partition in topic.partitions or ():
                 yield {
@@ -245,6 +248,7 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "error_code": partition.error_code,
                     "isr_size": _size(partition.isr_nodes),
                     "replica_size": _size(partition.replica_nodes),
+                    "cluster_id": cluster,
                 }
     elif api_key == ApiKey.END_TXN:
         yield {"fact": "txn_end_ack", "error_code": body.error_code}

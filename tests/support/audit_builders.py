@@ -207,9 +207,12 @@ Replicas = tuple[int, list[int], list[int]]
 """A Metadata partition's leader, replicas and in-sync replicas."""
 
 
-def metadata_answer(cid: int, partitions: dict[int, Replicas], *, version: int = 12, epoch: int = 4) -> bytes:
-    """A Metadata answer of ``version`` for topic ``t``: its ``partitions`` (index: leader,
-    replicas, in-sync replicas), each under leader epoch ``epoch`` (from v7)."""
+def metadata_answer(
+    cid: int, partitions: dict[int, Replicas], *, version: int = 12, epoch: int = 4, cluster: str = "c1"
+) -> bytes:
+    """A Metadata answer of ``version`` of cluster ``cluster`` (from v2) for topic ``t``:
+    its ``partitions`` (index: leader, replicas, in-sync replicas), each under leader epoch
+    ``epoch`` (from v7)."""
     cls = response_class(ApiKey.METADATA)
     part = cls.MetadataResponseTopic.MetadataResponsePartition
     found = [
@@ -225,14 +228,21 @@ def metadata_answer(cid: int, partitions: dict[int, Replicas], *, version: int =
         for index, (leader, replicas, isr) in partitions.items()
     ]
     topic = cls.MetadataResponseTopic(name="t", error_code=0, is_internal=False, partitions=found)
-    return encode_response(cls(version=version, brokers=[], controller_id=1, topics=[topic]), cid)
+    body = cls(version=version, brokers=[], cluster_id=cluster, controller_id=1, topics=[topic])
+    return encode_response(body, cid)
 
 
 def metadata_facts(
-    connection: str, seq: int, wall_ms: float, partitions: dict[int, Replicas], *, version: int = 12
+    connection: str,
+    seq: int,
+    wall_ms: float,
+    partitions: dict[int, Replicas],
+    *,
+    version: int = 12,
+    cluster: str = "c1",
 ) -> list[dict[str, Any]]:
     """The facts the audit decodes from :func:`metadata_answer`, on ``connection``."""
-    answer = metadata_answer(seq, partitions, version=version)
+    answer = metadata_answer(seq, partitions, version=version, cluster=cluster)
     decoded = decode(ApiKey.METADATA, version, "response", answer, len(answer))
     assert decoded, "a Metadata answer with partitions gives facts"
     return [

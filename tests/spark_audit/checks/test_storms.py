@@ -36,6 +36,20 @@ def leader(conn, seq, wall_ms, leader_id, epoch, partition=0):
     )
 
 
+def change(wall_ms, from_leader, to_leader, from_epoch, to_epoch):
+    """A :func:`leader_changes` row of partition ``t-0``, of answers that name no cluster."""
+    return Row(
+        topic="t",
+        partition=0,
+        wall_ns=wall_ms * MS,
+        from_leader=from_leader,
+        to_leader=to_leader,
+        from_epoch=from_epoch,
+        to_epoch=to_epoch,
+        cluster_id=None,
+    )
+
+
 def storm_window(start_ns, category, *, errors, leader_changes, codes, storm, isr_shrinks=0, connections=1):
     """An :func:`error_storms` row (of one connection of :data:`CAPTURE`, unless told)."""
     return Row(
@@ -85,9 +99,7 @@ def test_leader_changes_are_deduplicated_across_clients(spark):
         leader("a", 3, 30, 2, 6),
         leader("b", 4, 40, 2, 6),
     ]
-    expected = [
-        Row(topic="t", partition=0, wall_ns=30 * MS, from_leader=1, to_leader=2, from_epoch=4, to_epoch=6)
-    ]
+    expected = [change(30, 1, 2, 4, 6)]
     assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
 
 
@@ -151,8 +163,8 @@ def test_a_leader_seen_without_its_epoch_is_no_change(spark):
         leader("b", 7, 70, 1, None, partition=1),
     ]
     expected = [
-        Row(topic="t", partition=0, wall_ns=30 * MS, from_leader=1, to_leader=2, from_epoch=4, to_epoch=5),
-        Row(topic="t", partition=0, wall_ns=50 * MS, from_leader=2, to_leader=3, from_epoch=5, to_epoch=None),
+        change(30, 1, 2, 4, 5),
+        change(50, 2, 3, 5, None),
     ]
     assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
 
@@ -195,9 +207,7 @@ def test_a_partition_without_a_leader_is_no_change(spark):
         {**leader("a", 3, 30, -1, 5), "error_code": 5},
         leader("b", 4, 40, 1, 6),
     ]
-    expected = [
-        Row(topic="t", partition=0, wall_ns=40 * MS, from_leader=1, to_leader=1, from_epoch=4, to_epoch=6)
-    ]
+    expected = [change(40, 1, 1, 4, 6)]
     assertDataFrameEqual(leader_changes(facts_df(spark, rows)), expected)
 
 
@@ -222,6 +232,7 @@ def shrink(wall_ms, *, min_isr, last_ms, back_ms):
         last_under_wall_ns=last_ms * MS,
         expanded_wall_ns=None if back_ms is None else back_ms * MS,
         under_replicated_ms=float(until - wall_ms),
+        cluster_id="c1",
     )
 
 
@@ -340,3 +351,22 @@ def test_consumer_protocol_errors_count_as_rebalance_errors(spark):
     )
     [group] = rebalances(facts, 10, threshold=3).collect()
     assert (group.joins, group.generations, group.rebalance_errors) == (1, [], 3)
+
+
+def test_partitions_of_one_name_on_two_clusters_are_two_partitions(spark):
+    # One audit of captures from two clusters (a MirrorMaker's source and target, a
+    # client of both) that have topic t: each cluster's Metadata answers name their own
+    # leaders and in-sync replicas, and neither cluster's partition changed.
+    rows = []
+    for i in range(3):
+        rows += metadata_facts("a", 4 * i, 10 * i, {0: FULL}, cluster="source")
+        rows += metadata_facts("b", 4 * i + 2, 10 * i + 5, {0: (2, [2, 3, 4], [2])}, cluster="target")
+    facts = facts_df(spark, rows)
+    assert leader_changes(facts).count() == 0
+    [shrunk] = isr_shrinks(facts).collect()
+    assert (shrunk.cluster_id, shrunk.wall_ns, shrunk.min_isr, shrunk.expanded_wall_ns) == (
+        "target",
+        5 * MS,
+        1,
+        None,
+    )
