@@ -74,7 +74,7 @@ from ._schemas import (
     request_class,
     response_class,
 )
-from ._varint import read_tagged_fields, read_uvarint
+from ._varint import read_compact_string, read_tagged_fields, read_uvarint
 
 __all__ = [
     "ADOPT_SHARE",
@@ -131,6 +131,7 @@ __all__ = [
     "produce_acks",
     "produce_acks_at",
     "produce_is_idempotent",
+    "read_compact_string",
     "read_tagged_fields",
     "read_uvarint",
     "request_class",

@@ -34,7 +34,7 @@ from protocol._rewrite import (
     split_response,
 )
 from protocol._schemas import api_schemas, request_class, response_class
-from protocol._varint import read_uvarint
+from protocol._varint import read_compact_string
 
 if TYPE_CHECKING:  # kafka-python loads only when an ApiVersions body is decoded or made
     from kafka.protocol.api_message import ApiMessage
@@ -202,16 +202,6 @@ class ClientSoftware:
         return f"{self.name} {self.version}"
 
 
-def _compact_string(frame: BytesLike, pos: int) -> tuple[str | None, int]:
-    length_plus_one, pos = read_uvarint(frame, pos)
-    if length_plus_one == 0:
-        return None, pos
-    end = pos + length_plus_one - 1
-    if end > len(frame):
-        raise ProtocolError("ApiVersions request truncated inside its client software")
-    return bytes(frame[pos:end]).decode("utf-8", "replace"), end
-
-
 def client_software(frame: BytesLike, header: RequestHeader) -> ClientSoftware | None:
     """The client software an ApiVersions request names; None before v3 or if it names none.
 
@@ -222,8 +212,8 @@ def client_software(frame: BytesLike, header: RequestHeader) -> ClientSoftware |
         return None
     if header.body_offset is None:  # pragma: no cover - ApiVersions' schema is always known
         raise ProtocolError("ApiVersions request body cannot be located")
-    name, pos = _compact_string(frame, header.body_offset)
-    version, _ = _compact_string(frame, pos)
+    name, pos = read_compact_string(frame, header.body_offset)
+    version, _ = read_compact_string(frame, pos)
     if name is None or version is None:
         return None
     return ClientSoftware(name, version)

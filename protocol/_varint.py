@@ -44,3 +44,15 @@ def read_tagged_fields(buf: BytesLike, pos: int) -> int:
         if pos > end:
             raise ProtocolError("tagged field runs past the end of the frame")
     return pos
+
+
+def read_compact_string(buf: BytesLike, pos: int) -> tuple[str | None, int]:
+    """Read a compact nullable string at ``pos`` (its length plus one as a varint, 0 for
+    null); return (text, next position). Bytes that are not UTF-8 are replaced, not raised."""
+    length_plus_one, pos = read_uvarint(buf, pos)
+    if length_plus_one == 0:
+        return None, pos
+    end = pos + length_plus_one - 1
+    if end > len(buf):
+        raise ProtocolError("compact string runs past the end of the frame")
+    return bytes(buf[pos:end]).decode("utf-8", "replace"), end

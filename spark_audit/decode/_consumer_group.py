@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol import ProtocolError, read_tagged_fields, read_uvarint
+from protocol import ProtocolError, read_compact_string, read_tagged_fields
 
 Fact = dict[str, Any]
 
@@ -26,17 +26,6 @@ _INT32 = struct.Struct(">i")
 _ERROR_AT = 4  # after ThrottleTimeMs
 _CLIENT_ID_AT = 12  # size, api key, version, correlation id
 _BODY_AT = 8  # size, correlation id
-
-
-def _string(frame: bytes, pos: int) -> tuple[str | None, int]:
-    """A compact nullable string at ``pos`` and the position after it."""
-    length, pos = read_uvarint(frame, pos)
-    if length == 0:
-        return None, pos
-    end = pos + length - 1
-    if end > len(frame):
-        raise ProtocolError("a string runs past the end of the frame")
-    return frame[pos:end].decode("utf-8", "replace"), end
 
 
 def _int32(frame: bytes, pos: int) -> int:
@@ -53,8 +42,8 @@ def heartbeat_request(frame: bytes) -> list[Fact]:
         raise ProtocolError("request frame is shorter than its header")
     client_id_length: int = _INT16.unpack_from(frame, _CLIENT_ID_AT)[0]
     pos = read_tagged_fields(frame, _CLIENT_ID_AT + 2 + max(client_id_length, 0))
-    group, pos = _string(frame, pos)
-    member, pos = _string(frame, pos)
+    group, pos = read_compact_string(frame, pos)
+    member, pos = read_compact_string(frame, pos)
     epoch = _int32(frame, pos)
     return [{"fact": "group", "group_id": group, "member_id": member, "generation_id": epoch}]
 
@@ -67,8 +56,8 @@ def heartbeat_answer(frame: bytes) -> list[Fact]:
     if body + _ERROR_AT + 2 > len(frame):
         raise ProtocolError("answer is shorter than its error code")
     error_code: int = _INT16.unpack_from(frame, body + _ERROR_AT)[0]
-    _message, pos = _string(frame, body + _ERROR_AT + 2)
-    member, pos = _string(frame, pos)
+    _message, pos = read_compact_string(frame, body + _ERROR_AT + 2)
+    member, pos = read_compact_string(frame, pos)
     epoch = _int32(frame, pos)
     facts: list[Fact] = [
         {"fact": "generation", "generation_id": epoch, "member_id": member, "error_code": error_code}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
 from protocol import ProtocolError
-from protocol._varint import MAX_VARINT_BYTES, read_tagged_fields, read_uvarint
+from protocol._varint import MAX_VARINT_BYTES, read_compact_string, read_tagged_fields, read_uvarint
 from protocol.testing import encode_uvarint
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
@@ -198,3 +198,25 @@ def test_arbitrary_bytes_never_raise_anything_but_protocol_error(buf, pos):
     except ProtocolError:
         return
     assert pos < end <= len(buf)
+
+
+@given(text=st.none() | st.text(max_size=300), before=st.binary(max_size=5), after=st.binary(max_size=5))
+def test_compact_strings_read_back_at_any_offset(text, before, after):
+    """A compact nullable string as Kafka's flexible versions write it: its UTF-8 length plus
+    one as a varint, 0 for null."""
+    data = b"" if text is None else text.encode("utf-8")
+    encoded = encode_uvarint(0 if text is None else len(data) + 1) + data
+    assert read_compact_string(before + encoded + after, len(before)) == (text, len(before) + len(encoded))
+
+
+@given(text=st.text(min_size=1, max_size=40), cut=st.integers(1, 40))
+def test_a_compact_string_cut_short_is_rejected(text, cut):
+    data = text.encode("utf-8")
+    encoded = encode_uvarint(len(data) + 1) + data
+    cut = min(cut, len(data))
+    with pytest.raises(ProtocolError):
+        read_compact_string(encoded[: len(encoded) - cut], 0)
+
+
+def test_a_compact_string_that_is_not_utf8_is_read_with_replacements():
+    assert read_compact_string(b"\x03\xff\xfe", 0) == ("\ufffd\ufffd", 3)
