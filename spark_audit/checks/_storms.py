@@ -8,7 +8,8 @@
 - ``rebalance``: REBALANCE_IN_PROGRESS (but not to a Heartbeat: that is the coordinator
   asking a member to rejoin, once per member and rebalance), UNKNOWN_MEMBER_ID,
   ILLEGAL_GENERATION, and their analogues in KIP-848's consumer protocol:
-  FENCED_MEMBER_EPOCH, UNRELEASED_INSTANCE_ID, STALE_MEMBER_EPOCH;
+  FENCED_MEMBER_EPOCH, UNRELEASED_INSTANCE_ID, STALE_MEMBER_EPOCH; and FENCED_INSTANCE_ID
+  (two static members with one ``group.instance.id``);
 - ``isr_shrink``: NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, plus ISR shrinks
   (fewer in-sync replicas than replicas) seen in Metadata answers;
 - ``coordinator_move``: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE.
@@ -31,7 +32,7 @@ from spark_audit.checks._windows import window_start
 
 CATEGORIES: dict[str, tuple[int, ...]] = {
     "leader_election": (5, 6, 74, 75),
-    "rebalance": (22, 25, 27, 110, 111, 113),
+    "rebalance": (22, 25, 27, 82, 110, 111, 113),
     "isr_shrink": (19, 20),
     "coordinator_move": (15, 16),
 }

@@ -353,6 +353,21 @@ def test_consumer_protocol_errors_count_as_rebalance_errors(spark):
     assert (group.joins, group.generations, group.rebalance_errors) == (1, [], 3)
 
 
+def test_a_static_member_fenced_by_its_own_instance_id_is_a_rebalance_error(spark):
+    # FENCED_INSTANCE_ID: two consumers started with one group.instance.id (a copied config,
+    # a pod started before its old self ended); the coordinator fences the older one at its
+    # Heartbeat, SyncGroup and OffsetCommit, and the group churns.
+    rows = [
+        error("a", 1, 82, 0, api_key=12),
+        error("a", 3, 82, 4, api_key=14),
+        error("b", 5, 82, 8, api_key=8),
+    ]
+    got = error_storms(facts_df(spark, rows), 10, threshold=3).select(
+        "category", "errors", "error_codes", "storm"
+    )
+    assertDataFrameEqual(got, [Row(category="rebalance", errors=3, error_codes=[82], storm=True)])
+
+
 def test_partitions_of_one_name_on_two_clusters_are_two_partitions(spark):
     # One audit of captures from two clusters (a MirrorMaker's source and target, a
     # client of both) that have topic t: each cluster's Metadata answers name their own
