@@ -13,6 +13,11 @@ newest file goes once the capture's summary says it finished, or once its lock f
 there but nobody holds it (the proxy crashed or was killed), and a capture that left no lock
 file (an import, an older writer) keeps it. Several writers pruning one directory at once
 may each remove a file; one that is already gone is skipped.
+
+A capture that is over with no file left (a proxy that started and stopped with no traffic,
+or crashed first) still has its summary and lock file. A crash loop or a rolling restart left
+two such files per start, per worker, for ever. Those older than every capture file in the
+directory are outside the ring's window and go too.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def prune(directory: Path, max_bytes: int) -> Removed:
     total at most ``max_bytes``, keeping the newest file of every capture that may still be
     written; the summary (and lock file) of a capture that is over goes with its last file."""
     files: list[tuple[str, str, int]] = []  # name, stem, size, in name order
+    summaries: list[str] = []  # stems
     try:
         entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
     except FileNotFoundError:
@@ -94,12 +100,15 @@ def prune(directory: Path, max_bytes: int) -> Removed:
     for entry in entries:
         match = _CAPTURE_FILE.match(entry.name)
         if match is None:
+            if entry.name.startswith("capture-") and entry.name.endswith(SUMMARY_SUFFIX):
+                summaries.append(entry.name[: -len(SUMMARY_SUFFIX)])
             continue
         try:
             if entry.is_file(follow_symlinks=False):
                 files.append((entry.name, match.group(1), entry.stat(follow_symlinks=False).st_size))
         except FileNotFoundError:
             continue
+    _remove_empty_over(directory, summaries, files[0][1] if files else None)
     total = sum(size for _, _, size in files)
     if total <= max_bytes:
         return Removed(left=frozenset(name for name, _, _ in files))
@@ -134,6 +143,18 @@ def prune(directory: Path, max_bytes: int) -> Removed:
             lock_path(directory, stem).unlink(missing_ok=True)
     gone = set(removed) | taken
     return Removed(tuple(removed), freed, frozenset(name for name, _, _ in files if name not in gone))
+
+
+def _remove_empty_over(directory: Path, stems: list[str], oldest: str | None) -> None:
+    """Remove the summary and lock file of each capture that is over and started before
+    ``oldest``, the capture with the oldest file (each capture, with no file at all): such a
+    capture has no file left."""
+    for stem in stems:
+        if oldest is not None and stem >= oldest:
+            break  # names sort by start: this capture and the later ones are in the window
+        if _finished(directory / f"{stem}{SUMMARY_SUFFIX}") or _abandoned(directory, stem):
+            (directory / f"{stem}{SUMMARY_SUFFIX}").unlink(missing_ok=True)
+            lock_path(directory, stem).unlink(missing_ok=True)
 
 
 def _finished(summary: Path) -> bool:

@@ -112,6 +112,36 @@ def test_a_finished_capture_s_summary_goes_when_another_writer_took_some_of_its_
     assert not old_summary.exists()
 
 
+EMPTY_1, EMPTY_2 = "capture-20261031T000000.000000Z-11111111", "capture-20261031T010000.000000Z-22222222"
+LATER = "capture-20261103T000000.000000Z-cccccccc"
+
+
+def test_captures_over_with_no_file_older_than_every_file_leave_no_summary_or_lock(tmp_path):
+    """A proxy restarted again and again with no traffic (a crash loop, rolling restarts)
+    left a summary and a lock file at each start, per worker, for ever; with the directory
+    under the limit, nothing was ever pruned."""
+    summary(tmp_path, EMPTY_1, finished=True)
+    summary(tmp_path, EMPTY_2, finished=False)
+    os.close(hold(tmp_path, EMPTY_2))  # its writer died: the lock file is there, nobody holds it
+    running = make(tmp_path, RUNNING, range(1, 2))
+    summary(tmp_path, RUNNING, finished=False)
+    summary(tmp_path, LATER, finished=True)  # in the window: newer than the oldest file
+    assert prune(tmp_path, 10_000).files == ()
+    assert left(tmp_path) == sorted([*running, f"{RUNNING}.capture.json", f"{LATER}.capture.json"])
+
+
+def test_with_no_file_at_all_only_a_running_capture_s_summary_stays(tmp_path):
+    summary(tmp_path, EMPTY_1, finished=True)
+    summary(tmp_path, OLD, finished=False)
+    alive = hold(tmp_path, OLD)
+    try:
+        summary(tmp_path, RUNNING, finished=False)  # no lock file: an older writer that may run
+        assert prune(tmp_path, 0).files == ()
+        assert left(tmp_path) == sorted([f".{OLD}.lock", f"{OLD}.capture.json", f"{RUNNING}.capture.json"])
+    finally:
+        release(tmp_path, OLD, alive)
+
+
 def test_a_missing_directory_is_nothing_to_prune(tmp_path):
     assert prune(tmp_path / "gone", 0).files == ()
 
