@@ -66,15 +66,27 @@ def _max_version(api_key: int) -> int:
     return min(highs)
 
 
+_SHARE_CONSUMING = (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE)
+
+
 @cache
 def _decodable_max_versions() -> dict[int, int]:
-    return {api_key: _max_version(api_key) for api_key in sorted(CAPPED_API_KEYS)}
+    caps = {api_key: _max_version(api_key) for api_key in sorted(CAPPED_API_KEYS)}
+    if NO_VERSION in (caps[key] for key in _SHARE_CONSUMING):
+        # A share consumer offered ShareGroupHeartbeat but not ShareFetch joins its group and
+        # is assigned partitions it can never fetch (the Java client retries the ShareFetch it
+        # cannot send, logging at debug level): nobody consumes them. Offered neither, it stops
+        # with "The cluster does not support the share group protocol".
+        caps[ApiKey.SHARE_GROUP_HEARTBEAT] = NO_VERSION
+    return caps
 
 
 def decodable_max_versions() -> dict[int, int]:
     """Per api key, the newest version the proxy can decode: Metadata, FindCoordinator,
     DescribeCluster, Produce, Fetch and ApiVersions, and :data:`NO_VERSION` for ShareFetch and
-    ShareAcknowledge while kafka-python cannot read them. A fresh dict, safe to modify."""
+    ShareAcknowledge while kafka-python cannot read them, and then for ShareGroupHeartbeat,
+    which would let a share consumer into a group it cannot consume from. A fresh dict, safe
+    to modify."""
     return dict(_decodable_max_versions())
 
 

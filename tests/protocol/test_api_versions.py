@@ -43,6 +43,7 @@ CAPPED = {
     10: "FindCoordinator",
     18: "ApiVersions",
     60: "DescribeCluster",
+    76: "ShareGroupHeartbeat",  # no use without ShareFetch: no version while that has none
     78: "ShareFetch",  # answers with addresses that kafka-python 3.0 cannot read: no version
     79: "ShareAcknowledge",
 }
@@ -99,6 +100,27 @@ def test_decodable_max_versions_come_from_the_schemas():
         assert caps[key] == min(schema_max(name, "Request"), schema_max(name, "Response")), name
     caps[0] = -5  # a fresh dict each time
     assert decodable_max_versions()[0] != -5
+
+
+def test_a_share_consumer_is_not_let_into_a_share_group_it_could_not_fetch_from():
+    """The Java share consumer that is offered ShareGroupHeartbeat but not ShareFetch joins
+    its share group and is assigned partitions; each ShareFetch then fails in the client, which
+    logs that at debug level and tries again, so the partitions assigned to it are never
+    consumed, and nothing says why. Without the heartbeat it stops at once: "The cluster does
+    not support the share group protocol"."""
+    frame = frame_of(
+        CLS(
+            version=3,
+            error_code=0,
+            throttle_time_ms=0,
+            api_keys=[
+                CLS.ApiVersion(version=3, api_key=key, min_version=1, max_version=1)
+                for key in (ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_GROUP_DESCRIBE, ApiKey.SHARE_FETCH)
+            ],
+        )
+    )
+    kept = decode(cap_api_versions(frame, 3, decodable_max_versions()), 3)
+    assert [entry.api_key for entry in kept.api_keys] == [ApiKey.SHARE_GROUP_DESCRIBE]
 
 
 @settings(max_examples=120, deadline=None)

@@ -140,9 +140,16 @@ def test_share_group_answers_that_name_a_broker_are_refused_not_relayed(api_key)
 
 def test_api_versions_answers_drop_the_share_group_apis_the_proxy_cannot_rewrite():
     """A share consumer is told the cluster has no ShareFetch, rather than reaching brokers
-    around the proxy; the share apis whose answers carry no address stay listed."""
+    around the proxy, and no ShareGroupHeartbeat, rather than joining a group it could not
+    consume from; the admin's share apis stay listed."""
     cls = response_class(ApiKey.API_VERSIONS)
-    listed = [ApiKey.FETCH, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE]
+    listed = [
+        ApiKey.FETCH,
+        ApiKey.SHARE_GROUP_HEARTBEAT,
+        ApiKey.SHARE_GROUP_DESCRIBE,
+        ApiKey.SHARE_FETCH,
+        ApiKey.SHARE_ACKNOWLEDGE,
+    ]
     answer = cls(
         version=3,
         error_code=0,
@@ -151,4 +158,4 @@ def test_api_versions_answers_drop_the_share_group_apis_the_proxy_cannot_rewrite
     )
     out = router().transform(ApiKey.API_VERSIONS, 3, bytearray(encode_response(answer, 7)))
     kept = cls.decode(bytes(out)[8:], version=3)
-    assert [entry.api_key for entry in kept.api_keys] == [ApiKey.FETCH, ApiKey.SHARE_GROUP_HEARTBEAT]
+    assert [entry.api_key for entry in kept.api_keys] == [ApiKey.FETCH, ApiKey.SHARE_GROUP_DESCRIBE]
