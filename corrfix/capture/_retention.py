@@ -148,13 +148,30 @@ def prune(directory: Path, max_bytes: int) -> Removed:
 def _remove_empty_over(directory: Path, stems: list[str], oldest: str | None) -> None:
     """Remove the summary and lock file of each capture that is over and started before
     ``oldest``, the capture with the oldest file (each capture, with no file at all): such a
-    capture has no file left."""
+    capture had no file when the directory was listed.
+
+    It may have written its first one since and then died (a ``--workers`` sibling): over, it
+    writes no more, so a file not there once it is known to be over never comes. One that is
+    there keeps them: without its lock file, it would pass for an import's newest file and be
+    kept for ever."""
     for stem in stems:
         if oldest is not None and stem >= oldest:
             break  # names sort by start: this capture and the later ones are in the window
-        if _finished(directory / f"{stem}{SUMMARY_SUFFIX}") or _abandoned(directory, stem):
+        if not (_finished(directory / f"{stem}{SUMMARY_SUFFIX}") or _abandoned(directory, stem)):
+            continue
+        if not _has_file(directory, stem):
             (directory / f"{stem}{SUMMARY_SUFFIX}").unlink(missing_ok=True)
             lock_path(directory, stem).unlink(missing_ok=True)
+
+
+def _has_file(directory: Path, stem: str) -> bool:
+    """Whether a capture file of ``stem`` is in ``directory`` now."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _CAPTURE_FILE.match(entry.name)
+            if match is not None and match.group(1) == stem:
+                return True
+    return False
 
 
 def _finished(summary: Path) -> bool:

@@ -130,6 +130,25 @@ def test_captures_over_with_no_file_older_than_every_file_leave_no_summary_or_lo
     assert left(tmp_path) == sorted([*running, f"{RUNNING}.capture.json", f"{LATER}.capture.json"])
 
 
+def test_a_capture_that_wrote_its_first_file_before_it_died_keeps_its_summary(tmp_path, monkeypatch):
+    """A ``--workers`` sibling with no file when this writer listed the directory wrote its
+    first file and died before this writer asked whether it is over. Its summary and lock file
+    stay with that file, or the file would pass for an import's and be kept for ever."""
+    summary(tmp_path, RUNNING, finished=False)
+    os.close(hold(tmp_path, RUNNING))
+    abandoned = retention._abandoned
+
+    def first_file_then_crash(directory: Path, stem: str) -> bool:
+        make(directory, stem, range(1, 2))
+        return abandoned(directory, stem)
+
+    monkeypatch.setattr(retention, "_abandoned", first_file_then_crash)
+    assert prune(tmp_path, 10_000).files == ()
+    assert left(tmp_path) == sorted(
+        [f".{RUNNING}.lock", f"{RUNNING}-000001.arrows", f"{RUNNING}.capture.json"]
+    )
+
+
 def test_with_no_file_at_all_only_a_running_capture_s_summary_stays(tmp_path):
     summary(tmp_path, EMPTY_1, finished=True)
     summary(tmp_path, OLD, finished=False)
