@@ -16,8 +16,8 @@ may each remove a file; one that is already gone is skipped.
 
 A capture that is over with no file left (a proxy that started and stopped with no traffic,
 or crashed first) still has its summary and lock file. A crash loop or a rolling restart left
-two such files per start, per worker, for ever. Those older than every capture file in the
-directory are outside the ring's window and go too.
+two such files per start, per worker, for ever: those go too, whatever files earlier runs
+left (those stay while the directory is under the limit, and every restart is newer).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def prune(directory: Path, max_bytes: int) -> Removed:
                 files.append((entry.name, match.group(1), entry.stat(follow_symlinks=False).st_size))
         except FileNotFoundError:
             continue
-    _remove_empty_over(directory, summaries, files[0][1] if files else None)
+    _remove_empty_over(directory, summaries, {stem for _, stem, _ in files})
     total = sum(size for _, _, size in files)
     if total <= max_bytes:
         return Removed(left=frozenset(name for name, _, _ in files))
@@ -145,18 +145,16 @@ def prune(directory: Path, max_bytes: int) -> Removed:
     return Removed(tuple(removed), freed, frozenset(name for name, _, _ in files if name not in gone))
 
 
-def _remove_empty_over(directory: Path, stems: list[str], oldest: str | None) -> None:
-    """Remove the summary and lock file of each capture that is over and started before
-    ``oldest``, the capture with the oldest file (each capture, with no file at all): such a
-    capture had no file when the directory was listed.
+def _remove_empty_over(directory: Path, stems: list[str], with_files: set[str]) -> None:
+    """Remove the summary and lock file of each capture that is over and has no file left.
 
-    It may have written its first one since and then died (a ``--workers`` sibling): over, it
-    writes no more, so a file not there once it is known to be over never comes. One that is
-    there keeps them: without its lock file, it would pass for an import's newest file and be
-    kept for ever."""
+    A capture with no file in the listing may have written its first one since and then
+    died (a ``--workers`` sibling): over, it writes no more, so a file not there once it is
+    known to be over never comes. One that is there keeps them: without its lock file, it
+    would pass for an import's newest file and be kept for ever."""
     for stem in stems:
-        if oldest is not None and stem >= oldest:
-            break  # names sort by start: this capture and the later ones are in the window
+        if stem in with_files:
+            continue
         if not (_finished(directory / f"{stem}{SUMMARY_SUFFIX}") or _abandoned(directory, stem)):
             continue
         if not _has_file(directory, stem):

@@ -113,7 +113,7 @@ def test_a_finished_capture_s_summary_goes_when_another_writer_took_some_of_its_
 
 
 EMPTY_1, EMPTY_2 = "capture-20261031T000000.000000Z-11111111", "capture-20261031T010000.000000Z-22222222"
-LATER = "capture-20261103T000000.000000Z-cccccccc"
+LATER, NEWEST = "capture-20261103T000000.000000Z-cccccccc", "capture-20261104T000000.000000Z-dddddddd"
 
 
 def test_captures_over_with_no_file_older_than_every_file_leave_no_summary_or_lock(tmp_path):
@@ -125,9 +125,29 @@ def test_captures_over_with_no_file_older_than_every_file_leave_no_summary_or_lo
     os.close(hold(tmp_path, EMPTY_2))  # its writer died: the lock file is there, nobody holds it
     running = make(tmp_path, RUNNING, range(1, 2))
     summary(tmp_path, RUNNING, finished=False)
-    summary(tmp_path, LATER, finished=True)  # in the window: newer than the oldest file
+    summary(tmp_path, LATER, finished=True)  # newer than the oldest file: over all the same
     assert prune(tmp_path, 10_000).files == ()
-    assert left(tmp_path) == sorted([*running, f"{RUNNING}.capture.json", f"{LATER}.capture.json"])
+    assert left(tmp_path) == sorted([*running, f"{RUNNING}.capture.json"])
+
+
+def test_restarts_with_no_traffic_leave_no_trail_after_a_run_that_left_files(tmp_path):
+    """The usual crash loop or rolling restart follows a run that had traffic: its files stay
+    while the directory is under the limit, and every later start is newer than them. Each
+    such start left a summary and a lock file, per worker, for ever."""
+    earlier = make(tmp_path, OLD, range(1, 3))
+    summary(tmp_path, OLD, finished=True)
+    summary(tmp_path, RUNNING, finished=True)  # started and stopped with no traffic
+    summary(tmp_path, LATER, finished=False)
+    os.close(hold(tmp_path, LATER))  # crashed: the lock file is there, nobody holds it
+    alive = hold(tmp_path, NEWEST)
+    try:
+        summary(tmp_path, NEWEST, finished=False)  # running, no traffic yet
+        assert prune(tmp_path, 10_000).files == ()
+        assert left(tmp_path) == sorted(
+            [*earlier, f"{OLD}.capture.json", f".{NEWEST}.lock", f"{NEWEST}.capture.json"]
+        )
+    finally:
+        release(tmp_path, NEWEST, alive)
 
 
 def test_a_capture_that_wrote_its_first_file_before_it_died_keeps_its_summary(tmp_path, monkeypatch):
