@@ -61,8 +61,15 @@ from spark_audit.report import (
 from spark_audit.source import Via, is_local, list_files
 
 REPORT_FORMAT = "corrfix-audit-report"
-REPORT_VERSION = 6
-"""6: groups on KIP-848's consumer protocol count in the rebalances: a ConsumerGroupHeartbeat
+REPORT_VERSION = 7
+"""7: committed offsets, produce duplicates and producer sequences are per cluster: each
+connection's cluster is the one its answers (Metadata v2+, DescribeCluster) named, else the
+one its upstream address named on another connection, else the audit's only cluster; the
+``committed_offset_lost``, ``appended_twice``, ``possible_duplicate`` and sequence findings
+carry ``cluster_id``, and the facts gain one ``connection`` row per connection (its
+``upstream_address`` and the cluster its answers named).
+
+6: groups on KIP-848's consumer protocol count in the rebalances: a ConsumerGroupHeartbeat
 that sends member epoch 0 is a join, -1 or -2 a leave, and a member epoch its answer hands
 out other than the one sent is a generation (a window with one is reported); its errors
 FENCED_MEMBER_EPOCH and UNRELEASED_INSTANCE_ID, and STALE_MEMBER_EPOCH, count in the
@@ -379,7 +386,7 @@ class _AuditRun:
             return None
         found = []
         if self._has_facts("batch_sends"):
-            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends)))
+            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends, self.facts)))
         if self._has_facts("produce_batch"):  # batches with a producer id
             found.append(sequence_findings(sequence_problems(self.facts)))
         return functools.reduce(DataFrame.unionByName, found) if found else None

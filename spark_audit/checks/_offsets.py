@@ -10,6 +10,10 @@ request for the group, or an OffsetDelete request for the group and partition, b
 the commit and the fetch is reported with the loss: it explains it (an operator deleted
 the group or its offsets), but the offsets are gone all the same. A deletion whose answer
 refused it explains nothing.
+
+Groups, topics, transactional ids and producer ids are a cluster's: commits, fetches,
+transactions and deletions meet only within one cluster (:mod:`._clusters`), so an offset
+committed in one cluster and fetched in another is no loss.
 """
 
 from __future__ import annotations
@@ -21,34 +25,52 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
+from spark_audit.checks._clusters import KEY, by_connection
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
-_PARTITION = ["group_id", "topic", "partition"]
+_PLACE = ["group_id", "topic", "partition"]
+_PARTITION = [KEY, *_PLACE]
+"""A group's partition, in one cluster: what commits and fetches join on."""
+_NAMED = [*_PARTITION, "cluster_id"]
+"""The same, with the cluster's id (null for some keys: no join on it)."""
 NO_OFFSET = -1
+OFFSET_FACTS = (
+    "commit",
+    "commit_ack",
+    "txn_commit",
+    "txn_abort",
+    "txn_end_ack",
+    "fetched_offset",
+    "group",
+    "error",
+)
+"""The facts this check reads."""
 
 
 def _acknowledged(facts: DataFrame, api_key: int, *extra: str) -> DataFrame:
-    """``group_id, topic, partition, offset, wall_ns`` (of the answer) and ``extra`` columns
-    of the request, per partition of an ``api_key`` commit its answer acknowledged."""
+    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` (of the
+    answer) and ``extra`` columns of the request, per partition of an ``api_key`` commit its
+    answer acknowledged (``facts`` with their clusters: :func:`by_connection`)."""
     commits = facts.filter((F.col("fact") == "commit") & (F.col("api_key") == api_key)).select(
-        *_CALL, *_PARTITION, "offset", *extra
+        *_CALL, *_NAMED, "offset", *extra
     )
     acks = facts.filter((F.col("fact") == "commit_ack") & (F.col("error_code") == 0)).select(
         *_CALL, "topic", "partition", "wall_ns"
     )
-    return commits.join(acks, [*_CALL, "topic", "partition"]).select(*_PARTITION, "offset", "wall_ns", *extra)
+    return commits.join(acks, [*_CALL, "topic", "partition"]).select(*_NAMED, "offset", "wall_ns", *extra)
 
 
 def transaction_commits(facts: DataFrame) -> DataFrame:
-    """``group_id, topic, partition, offset, wall_ns`` per offset a TxnOffsetCommit wrote in a
-    transaction that then committed, at the time of the EndTxn answer that committed it.
+    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` per offset a
+    TxnOffsetCommit wrote in a transaction that then committed, at the time of the EndTxn
+    answer that committed it (the same cluster's: a producer id is a cluster's).
 
     The group coordinator holds a transaction's offsets apart until the transaction ends:
     they count only when the transaction's next EndTxn answered without error after them
     (its transactional id, producer id and epoch) committed it; an abort, a transaction a
     newer producer fenced (no EndTxn of that epoch) or an EndTxn not seen commit nothing."""
-    txn = ["transactional_id", "producer_id", "producer_epoch"]
-    offsets = _acknowledged(facts, ApiKey.TXN_OFFSET_COMMIT, *txn)
+    txn = [KEY, "transactional_id", "producer_id", "producer_epoch"]
+    offsets = _acknowledged(facts, ApiKey.TXN_OFFSET_COMMIT, *txn[1:])
     ends = facts.filter(F.col("fact").isin("txn_commit", "txn_abort")).select(
         *_CALL, *txn, (F.col("fact") == "txn_commit").alias("committed")
     )
@@ -57,29 +79,33 @@ def transaction_commits(facts: DataFrame) -> DataFrame:
     )
     ended = ends.join(answered, _CALL).drop(*_CALL)
     after = offsets.join(ended, txn).filter(F.col("ended_wall_ns") > F.col("wall_ns"))
-    first = after.groupBy(*_PARTITION, "offset", "wall_ns", *txn).agg(
+    first = after.groupBy(*_NAMED, "offset", "wall_ns", *txn[1:]).agg(
         F.min_by(F.struct("committed", "ended_wall_ns"), "ended_wall_ns").alias("end")
     )
     return first.filter(F.col("end.committed")).select(
-        *_PARTITION, "offset", F.col("end.ended_wall_ns").alias("wall_ns")
+        *_NAMED, "offset", F.col("end.ended_wall_ns").alias("wall_ns")
     )
 
 
 def successful_commits(facts: DataFrame) -> DataFrame:
-    """``group_id, topic, partition, offset, wall_ns`` (of the answer) per acknowledged
-    OffsetCommit, and per offset of a committed transaction (:func:`transaction_commits`)."""
+    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` (of the
+    answer) per acknowledged OffsetCommit, and per offset of a committed transaction
+    (:func:`transaction_commits`)."""
     return _acknowledged(facts, ApiKey.OFFSET_COMMIT).unionByName(transaction_commits(facts))
 
 
 def fetched_offsets(facts: DataFrame) -> DataFrame:
-    """``group_id, topic, partition, offset, wall_ns, capture_id, connection_id`` per partition
-    an OffsetFetch answered without error (the group named in the answer, else the request)."""
+    """``cluster_key, cluster_id, group_id, topic, partition, offset, wall_ns, capture_id,
+    connection_id`` per partition an OffsetFetch answered without error (the group named in
+    the answer, else the request)."""
     fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0))
     requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.OFFSET_FETCH)).select(
         *_CALL, F.col("group_id").alias("request_group_id")
     )
     named = fetched.join(requests, _CALL, "left")
     return named.select(
+        KEY,
+        "cluster_id",
         F.coalesce(F.col("group_id"), F.col("request_group_id")).alias("group_id"),
         "topic",
         "partition",
@@ -91,51 +117,56 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
 
 
 def deletions(facts: DataFrame) -> DataFrame:
-    """``group_id, topic, partition, wall_ns`` (of the request) per DeleteGroups of a group
-    (topic and partition null) and OffsetDelete of a group's partition, unless the answer
-    refused it: an error for the group (DeleteGroups: GROUP_NOT_EMPTY while it has
-    members), for the partition (OffsetDelete: GROUP_SUBSCRIBED_TO_TOPIC) or for the whole
-    request (OffsetDelete: GROUP_ID_NOT_FOUND). An unanswered deletion counts."""
+    """``cluster_key, group_id, topic, partition, cluster_id, wall_ns`` (of the request) per
+    DeleteGroups of a group (topic and partition null) and OffsetDelete of a group's
+    partition, unless the answer refused it: an error for the group (DeleteGroups:
+    GROUP_NOT_EMPTY while it has members), for the partition (OffsetDelete:
+    GROUP_SUBSCRIBED_TO_TOPIC) or for the whole request (OffsetDelete: GROUP_ID_NOT_FOUND).
+    An unanswered deletion counts."""
     apis = F.col("api_key").isin(ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE)
-    requests = facts.filter((F.col("fact") == "group") & apis).select(*_CALL, *_PARTITION, "wall_ns")
+    requests = facts.filter((F.col("fact") == "group") & apis).select(*_CALL, *_NAMED, "wall_ns")
     refusals = facts.filter((F.col("fact") == "error") & apis).select(
-        *[F.col(name).alias(f"refused_{name}") for name in (*_CALL, *_PARTITION)]
+        *[F.col(name).alias(f"refused_{name}") for name in (*_CALL, *_PLACE)]
     )
     same_call = [F.col(name) == F.col(f"refused_{name}") for name in _CALL]
     # an error names what it refuses as far as the answer says: null is all of the request
     covered = [
-        F.col(f"refused_{name}").isNull() | (F.col(f"refused_{name}") == F.col(name)) for name in _PARTITION
+        F.col(f"refused_{name}").isNull() | (F.col(f"refused_{name}") == F.col(name)) for name in _PLACE
     ]
     refused = functools.reduce(operator.and_, [*same_call, *covered])
-    return requests.join(refusals, refused, "left_anti").select(*_PARTITION, "wall_ns")
+    return requests.join(refusals, refused, "left_anti").select(*_NAMED, "wall_ns")
 
 
 def offset_losses(facts: DataFrame) -> DataFrame:
     """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
     the first fetch that found none (``wall_ns``, its capture and connection), how many
-    such fetches, and ``deleted_wall_ns`` of a DeleteGroups for the group or an OffsetDelete
-    for the partition in between (else null)."""
+    such fetches, ``deleted_wall_ns`` of a DeleteGroups for the group or an OffsetDelete for
+    the partition in between (else null), and ``cluster_id``: the cluster of the group's
+    commits and fetches (:mod:`._clusters`; null: a broker that named none, in an audit of
+    more than one cluster)."""
+    facts = by_connection(facts.filter(F.col("fact").isin(*OFFSET_FACTS)), facts)
     commits = successful_commits(facts).select(
         *_PARTITION, F.col("offset").alias("committed"), F.col("wall_ns").alias("committed_wall_ns")
     )
     empty = fetched_offsets(facts).filter(F.col("offset") == NO_OFFSET)
     pairs = empty.join(commits, _PARTITION).filter(F.col("committed_wall_ns") < F.col("wall_ns"))
-    last = pairs.groupBy(*_PARTITION, "wall_ns", "capture_id", "connection_id").agg(
+    last = pairs.groupBy(*_NAMED, "wall_ns", "capture_id", "connection_id").agg(
         F.max_by("committed", "committed_wall_ns").alias("last_offset"),
         F.max("committed_wall_ns").alias("committed_wall_ns"),
     )
-    per_loss = last.groupBy(*_PARTITION, "last_offset", "committed_wall_ns").agg(
+    per_loss = last.groupBy(*_NAMED, "last_offset", "committed_wall_ns").agg(
         F.min_by(F.struct("wall_ns", "capture_id", "connection_id"), "wall_ns").alias("first"),
         F.count("*").alias("fetches"),
     )
     deletes = deletions(facts).select(
+        F.col(KEY).alias("deleted_cluster_key"),
         F.col("group_id").alias("deleted_group_id"),
         F.col("topic").alias("deleted_topic"),
         F.col("partition").alias("deleted_partition"),
         F.col("wall_ns").alias("deleted_wall_ns"),
     )
     flat = per_loss.select(
-        *_PARTITION,
+        *_NAMED,
         "last_offset",
         "committed_wall_ns",
         F.col("first.wall_ns").alias("wall_ns"),
@@ -144,7 +175,10 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         "fetches",
     )
     whole_group = F.col("deleted_topic").isNull()  # DeleteGroups; OffsetDelete names partitions
-    covers = (F.col("group_id") == F.col("deleted_group_id")) & (
+    same_group = (F.col(KEY) == F.col("deleted_cluster_key")) & (
+        F.col("group_id") == F.col("deleted_group_id")
+    )
+    covers = same_group & (
         whole_group
         | ((F.col("topic") == F.col("deleted_topic")) & (F.col("partition") == F.col("deleted_partition")))
     )
@@ -157,7 +191,7 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         ),
     )
     keys = [
-        *_PARTITION,
+        *_NAMED,
         "last_offset",
         "committed_wall_ns",
         "wall_ns",
@@ -179,5 +213,6 @@ def offset_losses(facts: DataFrame) -> DataFrame:
             "connection_id",
             "fetches",
             "deleted_wall_ns",
+            "cluster_id",
         )
     )

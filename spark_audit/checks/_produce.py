@@ -22,6 +22,10 @@
   again, which the broker de-duplicates. Sequences the broker does not hold are free to
   take: a refused batch's, and all of them after UNKNOWN_PRODUCER_ID (clients before
   KIP-360 renumber and restart under the same producer id and epoch).
+
+Topics and producer ids are a cluster's (each broker hands out producer ids from its own
+cluster's counter): batches and sequences are compared within one cluster only
+(:mod:`._clusters`), and the findings carry its ``cluster_id``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
+from spark_audit.checks._clusters import HOME, KEY, resolve, with_homes
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 BATCH = ["topic", "partition", "crc", "record_count", "first_timestamp", "batch_length"]
@@ -42,9 +47,10 @@ SEQUENCE_WRAP = 1 << 31
 def attempts(facts: DataFrame) -> DataFrame:
     """Each record batch in each Produce request, with ``acknowledged`` (its partition's answer
     was error 0; null when no answer was captured), which the per-connection pass put on the
-    batch's row (:func:`spark_audit.connections.merge_acks`)."""
+    batch's row (:func:`spark_audit.connections.merge_acks`), and its connection's home
+    (:data:`HOME`: upstream address, the cluster its answers named)."""
     batches = facts.filter((F.col("fact") == "produce_batch") & (F.col("api_key") == ApiKey.PRODUCE))
-    return batches.select(
+    return with_homes(batches, facts).select(
         *_CALL,
         "seq",
         "wall_ns",
@@ -61,20 +67,21 @@ def attempts(facts: DataFrame) -> DataFrame:
         "lineage_id",
         "transactional_id",
         "acknowledged",
+        *HOME,
     )
 
 
 def batch_sends(tries: DataFrame) -> DataFrame:
-    """The sends of batches without a producer id, summed per batch and lineage: the shape
-    (:data:`spark_audit.connections.BATCH_SENDS_SCHEMA`) in which the per-connection pass
-    hands over its partition's sends already summed per batch. A send without lineage is a
-    lineage of its own."""
+    """The sends of batches without a producer id, summed per batch, home and lineage: the
+    shape (:data:`spark_audit.connections.BATCH_SENDS_SCHEMA`) in which the per-connection
+    pass hands over its partition's sends already summed per batch and home. A send without
+    lineage is a lineage of its own."""
     plain = tries.filter(
         F.col("crc").isNotNull() & (F.col("producer_id") < 0) & F.col("transactional_id").isNull()
     )
     alone = F.concat(F.lit("send "), F.monotonically_increasing_id().cast("string"))
     lineage = F.coalesce(F.col("lineage_id").cast("string"), alone)
-    per_lineage = plain.groupBy(*BATCH, "capture_id", "connection_id", lineage.alias("lineage")).agg(
+    per_lineage = plain.groupBy(*BATCH, *HOME, "capture_id", "connection_id", lineage.alias("lineage")).agg(
         F.count("*").alias("sends"),
         F.sum(F.when(F.col("acknowledged"), 1).otherwise(0)).alias("acknowledged_sends"),
         F.sum(F.when(F.col("acknowledged").isNull(), 1).otherwise(0)).alias("unanswered_sends"),
@@ -83,6 +90,7 @@ def batch_sends(tries: DataFrame) -> DataFrame:
     )
     return per_lineage.select(
         *BATCH,
+        *HOME,
         *[F.col(f"first.{name}").alias(name) for name in _FIRST],
         F.col("sends").cast("long").alias("sends"),
         F.col("acknowledged_sends").cast("long").alias("acknowledged_sends"),
@@ -92,22 +100,28 @@ def batch_sends(tries: DataFrame) -> DataFrame:
     )
 
 
-def duplicate_batches(tries: DataFrame) -> DataFrame:
-    """Batches without a producer id sent more than once: ``kind`` appended_twice or
-    possible_duplicate, ``sends``, ``acknowledged`` and ``unanswered`` (counts),
-    ``corrfix_resends``, first and last send."""
-    return duplicates_of_sends(batch_sends(tries))
+def duplicate_batches(facts: DataFrame) -> DataFrame:
+    """Batches without a producer id sent more than once in one cluster: ``kind``
+    appended_twice or possible_duplicate, ``sends``, ``acknowledged`` and ``unanswered``
+    (counts), ``corrfix_resends``, first and last send, ``cluster_id``."""
+    return duplicates_of_sends(batch_sends(attempts(facts)), facts)
 
 
-def duplicates_of_sends(sends: DataFrame) -> DataFrame:
-    """:func:`duplicate_batches` from :func:`batch_sends` rows, or from partial sums of them."""
-    grouped = sends.groupBy(*BATCH).agg(
-        F.sum("sends").alias("sends"),
-        F.sum("acknowledged_sends").alias("acknowledged"),
-        F.sum("unanswered_sends").alias("unanswered"),
-        F.sum("lineages").alias("lineages"),
-        F.min(F.struct(*_FIRST)).alias("first"),
-        F.max("last_wall_ns").alias("last_wall_ns"),
+def duplicates_of_sends(sends: DataFrame, facts: DataFrame) -> DataFrame:
+    """:func:`duplicate_batches` from :func:`batch_sends` rows, or from partial sums of them:
+    each home's cluster is resolved (:func:`resolve`) before the sums of one cluster's
+    batch are added up."""
+    grouped = (
+        resolve(sends, facts)
+        .groupBy(KEY, "cluster_id", *BATCH)
+        .agg(
+            F.sum("sends").alias("sends"),
+            F.sum("acknowledged_sends").alias("acknowledged"),
+            F.sum("unanswered_sends").alias("unanswered"),
+            F.sum("lineages").alias("lineages"),
+            F.min(F.struct(*_FIRST)).alias("first"),
+            F.max("last_wall_ns").alias("last_wall_ns"),
+        )
     )
     resent = grouped.filter((F.col("sends") > 1) & (F.col("acknowledged") + F.col("unanswered") >= 2))
     return resent.select(
@@ -121,12 +135,14 @@ def duplicates_of_sends(sends: DataFrame) -> DataFrame:
         (F.col("sends") - F.col("lineages")).alias("corrfix_resends"),
         "last_wall_ns",
         F.when(F.col("acknowledged") >= 2, "appended_twice").otherwise("possible_duplicate").alias("kind"),
+        "cluster_id",
     )
 
 
 DUPLICATE_SEQUENCE_NUMBER = 46
 UNKNOWN_PRODUCER_ID = 59
-_PRODUCER = ["producer_id", "producer_epoch", "topic", "partition"]
+_PRODUCER = [KEY, "producer_id", "producer_epoch", "topic", "partition"]
+"""A producer's partition, in one cluster: its sequences follow one another."""
 
 
 def _idempotent_batches(facts: DataFrame) -> DataFrame:
@@ -135,6 +151,7 @@ def _idempotent_batches(facts: DataFrame) -> DataFrame:
     ``given_back`` (every send of it answered with an error that appended nothing, its
     sequences free again) and ``state_lost`` (a send of it answered UNKNOWN_PRODUCER_ID)."""
     idempotent = attempts(facts).filter((F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0))
+    idempotent = resolve(idempotent, facts)
     answer_errors = facts.filter((F.col("fact") == "error") & (F.col("api_key") == ApiKey.PRODUCE)).select(
         *_CALL, "topic", "partition", "error_code"
     )
@@ -145,7 +162,7 @@ def _idempotent_batches(facts: DataFrame) -> DataFrame:
         F.col("error_code") == DUPLICATE_SEQUENCE_NUMBER, F.lit(False)
     )
     state_lost = F.coalesce(F.col("error_code") == UNKNOWN_PRODUCER_ID, F.lit(False))
-    return sends.groupBy(*_PRODUCER, "base_sequence", "crc").agg(
+    return sends.groupBy(*_PRODUCER, "cluster_id", "base_sequence", "crc").agg(
         F.min(F.struct("wall_ns", "capture_id", "connection_id")).alias("first"),
         F.count("*").alias("sends"),
         F.max("record_count").alias("record_count"),
@@ -172,7 +189,8 @@ def _restarted() -> Column:
 
 
 def sequence_problems(facts: DataFrame) -> DataFrame:
-    """Idempotent batches out of sequence: ``kind`` sequence_gap, sequence_reused or retried.
+    """Idempotent batches out of sequence, per cluster: ``kind`` sequence_gap, sequence_reused
+    or retried, and ``cluster_id``.
 
     A different batch that takes sequences the broker does not hold is no reuse: those of
     a batch it refused, or from 0 after it lost the producer's state (:func:`_restarted`)."""
@@ -193,11 +211,12 @@ def sequence_problems(facts: DataFrame) -> DataFrame:
         F.col("first.capture_id").alias("capture_id"),
         F.col("first.connection_id").alias("connection_id"),
         F.col("first.wall_ns").alias("wall_ns"),
-        *_PRODUCER,
+        *_PRODUCER[1:],
         "base_sequence",
         "expected_sequence",
         "record_count",
         "crc",
         "sends",
         "kind",
+        "cluster_id",
     )

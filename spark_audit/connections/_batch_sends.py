@@ -1,4 +1,5 @@
-"""The sends of batches without a producer id, summed per batch in each partition: a
+"""The sends of batches without a producer id, summed per batch (and home: the
+connections' address and named cluster, :mod:`._clusters`) in each partition: a
 Produce-heavy capture has one such fact per batch sent, and the duplicate check only counts
 them per batch, so the JVM gets one row per batch and partition instead.
 
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import ApiKey
+from spark_audit.connections._clusters import HOME
 from spark_audit.connections._codes import combined, dense, ordered, sort_order
 from spark_audit.decode import FACT_SCHEMA
 
@@ -31,7 +33,7 @@ FIRST = ("wall_ns", "capture_id", "connection_id", "correlation_id")
 LINEAGE = ("capture_id", "connection_id", "lineage_id")
 BATCH_SENDS_SCHEMA = pa.schema(
     [
-        *[FACT_SCHEMA.field(name).with_nullable(True) for name in (*BATCH, *FIRST)],
+        *[FACT_SCHEMA.field(name).with_nullable(True) for name in (*BATCH, *HOME, *FIRST)],
         pa.field("sends", pa.int64()),
         pa.field("acknowledged_sends", pa.int64()),
         pa.field("unanswered_sends", pa.int64()),
@@ -39,7 +41,9 @@ BATCH_SENDS_SCHEMA = pa.schema(
         pa.field("lineages", pa.int64()),
     ]
 )
-"""Per batch (:data:`BATCH`): the first send's columns, then the sums."""
+"""Per batch (:data:`BATCH`) and home (:data:`HOME`: the sends' connections' upstream
+address and the cluster their answers named, which Spark resolves to a cluster): the first
+send's columns, then the sums."""
 
 
 def plain_batches(facts: pa.Table) -> pa.Array:
@@ -93,7 +97,7 @@ def sum_sends(sends: pa.Table) -> pa.Table:
     n = sends.num_rows
     if n == 0:
         return BATCH_SENDS_SCHEMA.empty_table()
-    batch = combined([dense(sends.column(name)) for name in BATCH])
+    batch = combined([dense(sends.column(name)) for name in (*BATCH, *HOME)])
     wall = sends.column("wall_ns")
     tie = combined([ordered(sends.column(name)) for name in FIRST[1:]], keep_order=True)
     by_wall = [pc.fill_null(wall, 0).to_numpy(zero_copy_only=False).astype(np.int64)]
@@ -105,12 +109,12 @@ def sum_sends(sends: pa.Table) -> pa.Table:
     new[0] = True
     new[1:] = grouped[1:] != grouped[:-1]
     starts = np.flatnonzero(new)
-    firsts = sends.select([*BATCH, *FIRST]).take(pa.array(order[starts]))
+    firsts = sends.select([*BATCH, *HOME, *FIRST]).take(pa.array(order[starts]))
     acknowledged = sends.column("acknowledged")
     acked = pc.fill_null(acknowledged, False).to_numpy(zero_copy_only=False)[order].astype(np.int64)
     unanswered = pc.is_null(acknowledged).to_numpy(zero_copy_only=False)[order].astype(np.int64)
     low = np.iinfo(np.int64).min
-    columns = {name: firsts.column(name) for name in (*BATCH, *FIRST)}
+    columns = {name: firsts.column(name) for name in (*BATCH, *HOME, *FIRST)}
     columns.update(
         sends=pa.array(np.diff(np.append(starts, n)), pa.int64()),
         acknowledged_sends=pa.array(np.add.reduceat(acked, starts), pa.int64()),

@@ -33,6 +33,7 @@ from pyspark.sql.types import StructType
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, audit_and_facts, audit_pass
+from spark_audit.connections._clusters import OPENS_SCHEMA, open_rows
 from spark_audit.connections._heap import keep_heap
 from spark_audit.connections._matching import CONNECTION_CODE
 from spark_audit.connections._pass import (
@@ -69,8 +70,9 @@ batches costs one copy of the columns read."""
 GROUP_BYTES = 64 * 1024 * 1024
 """And at most this many bytes of them (the columns read, frames included): the join
 copies them, so this bounds the copy a Python worker holds at once."""
-READ_COLUMNS = frozenset({*HEADER_COLUMNS, "frame", "frame_length"})
-"""The columns a group keeps: what the pass and the body decode read."""
+READ_COLUMNS = frozenset({*HEADER_COLUMNS, "frame", "frame_length", "upstream_address"})
+"""The columns a group keeps: what the pass and the body decode read, and the open rows'
+upstream address (each connection's cluster, :mod:`._clusters`)."""
 
 
 @dataclass(frozen=True)
@@ -188,20 +190,28 @@ def _groups(part: Connections, group_rows: int) -> Iterator[tuple[pa.RecordBatch
         yield _joined(batches, codes)
 
 
-def _gather(part: Connections, headers: bool, bodies: bool, group_rows: int) -> tuple[pa.Table, pa.Table]:
+def _gather(
+    part: Connections, headers: bool, bodies: bool, group_rows: int
+) -> tuple[pa.Table, pa.Table, pa.Table]:
     """The partition's rows without frames, with Produce acks (if ``headers``), and the facts
-    of their broker-side bodies (if ``bodies``), from one scan of the files. Rows are read
-    a group of batches at a time (:func:`_groups`): frames are read where they are, in the
-    group, and not copied again."""
-    rows, facts = [], [FACT_SCHEMA.empty_table()]
+    of their broker-side bodies and their open rows (if ``bodies``), from one scan of the
+    files. Rows are read a group of batches at a time (:func:`_groups`): frames are read
+    where they are, in the group, and not copied again."""
+    rows, facts, opens = [], [FACT_SCHEMA.empty_table()], [OPENS_SCHEMA.empty_table()]
     for batch, codes in _groups(part, group_rows):
         mine = codes >= 0
         every = bool(mine.all())
         if headers:
             rows.append(_headers(batch, None if every else np.flatnonzero(mine), codes))
-        if bodies and "frame" in batch.schema.names:
-            facts.append(decode_broker(batch, None if every else mine))
-    return (pa.concat_tables(rows) if rows else pa.table({})), pa.concat_tables(facts)
+        if bodies:
+            opens.append(open_rows(batch, None if every else mine))
+            if "frame" in batch.schema.names:
+                facts.append(decode_broker(batch, None if every else mine))
+    return (
+        pa.concat_tables(rows) if rows else pa.table({}),
+        pa.concat_tables(facts),
+        pa.concat_tables(opens),
+    )
 
 
 def read_connections(
@@ -214,15 +224,15 @@ def read_connections(
 ) -> Iterator[pa.RecordBatch]:
     """One partition's ``table`` (transactions, facts, audit, or audit and facts), as
     batches of its schema."""
-    rows, facts = _gather(
+    rows, facts, opens = _gather(
         part, headers=table != "facts", bodies=table in ("facts", "audit_and_facts"), group_rows=group_rows
     )
     if table == "facts":
-        out = facts_pass(facts, sum_plain_sends)
+        out = facts_pass(facts, sum_plain_sends, opens)
     elif table in ("audit", "audit_and_facts"):
         out = audit_pass(rows, window_s, slow_min_ms) if rows.num_rows else AUDIT_SCHEMA.empty_table()
         if table == "audit_and_facts":
-            out = audit_and_facts(out, facts_pass(facts, sum_plain_sends))
+            out = audit_and_facts(out, facts_pass(facts, sum_plain_sends, opens))
     else:
         out = connection_pass(rows) if rows.num_rows else TRANSACTIONS_SCHEMA.empty_table()
     yield from out.to_batches(max_chunksize=BATCH_ROWS)

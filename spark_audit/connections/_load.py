@@ -18,6 +18,7 @@ from spark_audit.connections._audit import (
     audit_and_facts,
     audit_pass,
 )
+from spark_audit.connections._clusters import open_rows
 from spark_audit.connections._datasource import (
     AUDIT_AND_FACTS_SPARK_SCHEMA,
     AUDIT_SPARK_SCHEMA,
@@ -75,7 +76,7 @@ def transactions_of(rows: DataFrame) -> DataFrame:
 
 def _facts_of_table(table: pa.Table, sum_plain_sends: bool) -> pa.Table:
     """The facts pass over a group of whole connections' rows."""
-    return facts_pass(decode_table(broker_frames(table)), sum_plain_sends)
+    return facts_pass(decode_table(broker_frames(table)), sum_plain_sends, open_rows(table))
 
 
 def facts_of(rows: DataFrame, sum_plain_sends: bool = False) -> DataFrame:
@@ -107,7 +108,7 @@ def audit_of(
 
 
 def _rows(spark: SparkSession, path: str) -> DataFrame:
-    columns = [*HEADER_COLUMNS, "frame_length", "frame"]
+    columns = [*HEADER_COLUMNS, "frame_length", "frame", "upstream_address"]
     return load_capture(spark, path, columns, trim=BODIES, via="binaryfile")
 
 

@@ -25,6 +25,7 @@ from corrfix.capture.format import Source
 from protocol import ApiKey
 from spark_audit.connections._acks import UNKNOWN, produce_acks
 from spark_audit.connections._batch_sends import BATCH, BATCH_SENDS_SCHEMA, FIRST, plain_batches, sum_sends
+from spark_audit.connections._clusters import CLUSTER_FACT, OPENS_SCHEMA, connection_facts, send_homes
 from spark_audit.connections._codes import NULL, combined, dense
 from spark_audit.connections._matching import (
     CONNECTION_CODE,
@@ -344,26 +345,33 @@ def connection_pass(table: pa.Table) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def facts_pass(facts: pa.Table, sum_plain_sends: bool = False) -> pa.Table:
+def facts_pass(facts: pa.Table, sum_plain_sends: bool = False, opens: pa.Table | None = None) -> pa.Table:
     """The facts of whole connections' bodies (:func:`decode_table`), each Produce batch with
-    its answer, and how many of each kind each connection's bodies gave; with
-    ``sum_plain_sends``, the sends of batches without a producer id summed per batch. The
-    batches are paired with their answers as rows, and only the rows that stay facts are
-    gathered: the summed sends move only the columns the sums read."""
+    its answer, one ``connection`` fact per connection (its upstream address from ``opens``,
+    :func:`open_rows`, and the cluster its answers named, in place of their ``cluster``
+    facts), and how many of each kind each connection's bodies gave; with
+    ``sum_plain_sends``, the sends of batches without a producer id summed per batch and
+    home (:func:`send_homes`). The batches are paired with their answers as rows, and only
+    the rows that stay facts are gathered: the summed sends move only the columns the sums
+    read."""
     counts = facts.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
         [([], "count_all")]
     )
     counted = counts.rename_columns({"count_all": "rows"})
+    connections = connection_facts(facts, OPENS_SCHEMA.empty_table() if opens is None else opens, counted)
     batch_rows, answer_rows = answered_batches(facts)
     acknowledged = _acknowledged(facts, answer_rows)
     parts = [_conform(counted, FACTS_SCHEMA, kind="fact_count")]
     if sum_plain_sends:
         plain = plain_batches(facts).to_numpy(zero_copy_only=False)[batch_rows]
         sends = facts.select(list(SEND_COLUMNS)).take(pa.array(batch_rows[plain]))
+        address, cluster = send_homes(sends, connections)
+        sends = sends.append_column("upstream_address", address).append_column("cluster_id", cluster)
         summed = sum_sends(sends.append_column("acknowledged", acknowledged.filter(plain)))
         parts.append(_conform(summed, FACTS_SCHEMA, kind="batch_sends"))
         batch_rows, acknowledged = batch_rows[~plain], acknowledged.filter(~plain)
     merged = _with_answers(facts, batch_rows, acknowledged)
+    merged = pa.concat_tables([merged, _conform(connections, merged.schema)])
     kept = merged.group_by(["capture_id", "connection_id", "fact"], use_threads=False).aggregate(
         [([], "count_all")]
     )
@@ -492,9 +500,10 @@ def _acknowledged(facts: pa.Table, answer_rows: np.ndarray) -> pa.Array:
 
 
 def _with_answers(facts: pa.Table, batch_rows: np.ndarray, acknowledged: pa.Array) -> pa.Table:
-    """The facts other than Produce batches and answers, then the batches at ``batch_rows``
-    with ``acknowledged`` (a ``produce_batch`` of another api key is neither)."""
-    produce = pa.array(["produce_batch", "produce_ack"])
+    """The facts other than Produce batches and answers and ``cluster`` facts (the pass folds
+    those into its ``connection`` facts), then the batches at ``batch_rows`` with
+    ``acknowledged`` (a ``produce_batch`` of another api key is neither)."""
+    produce = pa.array(["produce_batch", "produce_ack", CLUSTER_FACT])
     others = facts.filter(pc.invert(pc.is_in(facts.column("fact"), value_set=produce)))
     others = others.append_column("acknowledged", pa.nulls(others.num_rows, pa.bool_()))
     batches = facts.take(pa.array(batch_rows)).append_column("acknowledged", acknowledged)

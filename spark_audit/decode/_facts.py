@@ -56,11 +56,13 @@ FACT_SCHEMA = pa.schema(
         pa.field("isr_size", pa.int32()),
         pa.field("replica_size", pa.int32()),
         pa.field("cluster_id", pa.string()),
+        pa.field("upstream_address", pa.string()),
     ]
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
 commit_ack, txn_commit, txn_abort, txn_end_ack, fetched_offset, group, generation, error,
-undecodable; each sets the columns that apply to it (see :mod:`._frame_decode`). A
+cluster, undecodable (and, made by the per-connection pass, not decoded: connection); each
+sets the columns that apply to it (see :mod:`._frame_decode`). A
 ``commit`` of a TxnOffsetCommit (``api_key`` 28) and the ``txn_commit`` or ``txn_abort``
 of an EndTxn request carry the ``transactional_id``, ``producer_id`` and
 ``producer_epoch`` of their transaction. A ``produce_batch`` carries its v2 batch
@@ -72,7 +74,11 @@ carries, which corrfix's re-sends of it share (null on wire captures: no lineage
 ``replica_size``, how many in-sync replicas and replicas the answer lists: fewer in sync
 than replicas is an under-replicated partition (:func:`spark_audit.checks.isr_shrinks`),
 and the answer's ``cluster_id`` (Metadata v2+; null before), which tells the partitions
-of two clusters with topics of one name apart."""
+of two clusters with topics of one name apart. A ``cluster`` fact is the ``cluster_id`` a
+Metadata answer (v2+, with or without topics) or a DescribeCluster answer named, and a
+``connection`` fact (one per connection, from the pass) its ``upstream_address`` and the
+``cluster_id`` its answers named: the checks that compare connections keep clusters apart
+by them (:mod:`spark_audit.checks._clusters`)."""
 
 FACT_SPARK_SCHEMA = from_arrow_schema(FACT_SCHEMA)
 INPUT_COLUMNS = (

@@ -55,7 +55,7 @@ REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS | frozenset(HAND_REA
 RESPONSE_KEYS = (
     frozenset(
         {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH}
-        | {ApiKey.FIND_COORDINATOR}
+        | {ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
     )
     | GROUP_REQUESTS
     | frozenset(HAND_READ)
@@ -237,6 +237,8 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                 }
     elif api_key == ApiKey.METADATA:
         cluster = body.cluster_id if api_version >= METADATA_CLUSTER_ID else None
+        if cluster:  # also when the answer names no topic: the connection's cluster
+            yield {"fact": "cluster", "cluster_id": cluster}
         for topic in body.topics or ():
             for partition in topic.partitions or ():
                 yield {
@@ -250,6 +252,9 @@ def _response_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]
                     "replica_size": _size(partition.replica_nodes),
                     "cluster_id": cluster,
                 }
+    elif api_key == ApiKey.DESCRIBE_CLUSTER:
+        if body.cluster_id:
+            yield {"fact": "cluster", "cluster_id": body.cluster_id}
     elif api_key == ApiKey.END_TXN:
         yield {"fact": "txn_end_ack", "error_code": body.error_code}
     elif api_key in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT):  # the same answer

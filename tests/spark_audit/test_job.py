@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from spark_audit import CHECKS, AuditOptions, run_audit
 from spark_audit.report import write_report
-from tests.support.audit_builders import CAPTURE, WIRE_CAPTURE, metadata_answer, req, resp, row, write_capture
+from tests.support.audit_builders import (
+    CAPTURE,
+    WIRE_CAPTURE,
+    metadata_answer,
+    offset_commit_frames,
+    offset_fetch_frames,
+    req,
+    resp,
+    row,
+    write_capture,
+)
 
 
 def counts(report):
@@ -80,7 +92,7 @@ def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
             )
     write_capture(tmp_path, [{**r, "source": "wire", "capture_id": WIRE_CAPTURE} for r in rows])
     report = run_audit(spark, AuditOptions(str(tmp_path), checks=("storms",)))
-    assert report["version"] == 6
+    assert report["version"] == 7
     assert counts(report) == {"storms": {("isr_shrink", "info"): 1}}
     [shrink] = report["storms"]["isr_shrinks"]
     assert (shrink["min_isr"], shrink["replicas"], shrink["under_replicated_ms"]) == (2, 3, 400.0)
@@ -88,3 +100,57 @@ def test_an_isr_shrink_in_metadata_answers_reaches_the_report(spark, tmp_path):
     assert (window["category"], window["errors"], window["isr_shrinks"]) == ("isr_shrink", 0, 1)
     _, html = write_report(report, tmp_path / "report")
     assert "<th>ISR shrinks</th>" in html.read_text()
+
+
+def _two_clusters_capture(directory, fetched_on: str) -> None:
+    """A wire capture of a client of two clusters, each with a group g on topic t: its
+    Metadata connection to each cluster (a1, b1) names it, and the group coordinator's
+    connections to the same brokers do only OffsetCommit or OffsetFetch. The client commits
+    offset 9 of g on A, then fetches g's offset on the connection ``fetched_on`` and finds none."""
+    calls = {
+        "ma": ("a1:9092", 3, 12, (b"", metadata_answer(1, {}, cluster="A"))),
+        "mb": ("b1:9092", 3, 12, (b"", metadata_answer(1, {}, cluster="B"))),
+        "ca": ("a1:9092", 8, 8, offset_commit_frames(1, 9)),
+        fetched_on: (
+            "a1:9092" if fetched_on.startswith("ca") else "b1:9092",
+            9,
+            7,
+            offset_fetch_frames(1, -1),
+        ),
+    }
+    rows = []
+    for n, (connection, (address, api_key, version, (request, answer))) in enumerate(calls.items()):
+        at = 100 * (n + 1)
+        rows.append(
+            row(connection, 0, "open", source="wire", reason="syn", wall_ms=at, upstream_address=address)
+        )
+        ask = {"frame": request, "frame_length": len(request)} if request else {}
+        rows.append(req(connection, 1, "client", api_key, cid=1, api_version=version, wall_ms=at + 1, **ask))
+        rows.append(
+            resp(
+                connection,
+                2,
+                "client",
+                api_key,
+                cid=1,
+                api_version=version,
+                wall_ms=at + 2,
+                frame=answer,
+                frame_length=len(answer),
+            )
+        )
+    write_capture(directory, [{**r, "source": "wire", "capture_id": WIRE_CAPTURE} for r in rows])
+
+
+def test_an_offset_committed_in_one_cluster_is_not_lost_in_the_other(spark, tmp_path):
+    _two_clusters_capture(tmp_path, fetched_on="cb")
+    report = run_audit(spark, AuditOptions(str(tmp_path), checks=("offsets",)))
+    assert counts(report) == {"offsets": {}}
+
+
+def test_a_connection_takes_the_cluster_its_broker_named_on_another(spark, tmp_path):
+    _two_clusters_capture(tmp_path, fetched_on="ca2")
+    report = run_audit(spark, AuditOptions(str(tmp_path), checks=("offsets",)))
+    [lost] = report["checks"]["offsets"]["findings"]
+    assert (lost["kind"], lost["connection_id"]) == ("committed_offset_lost", "ca2")
+    assert json.loads(lost["details"])["cluster_id"] == "A"

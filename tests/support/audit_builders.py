@@ -141,6 +141,13 @@ def fact(
     return base
 
 
+def connection_fact(connection: str, address: str | None, cluster: str | None = None) -> dict[str, Any]:
+    """The ``connection`` fact the per-connection pass gives ``connection``: its upstream
+    ``address`` and the ``cluster`` its own answers named (None: none)."""
+    place = fact(connection, 0, "connection", direction=None, api_key=None, cid=None)  # type: ignore[arg-type]
+    return {**place, "upstream_address": address, "cluster_id": cluster}
+
+
 def facts_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     """Facts as the per-connection pass gives them: each Produce batch with its answer."""
     table = merge_acks(pa.Table.from_pylist(rows, schema=FACT_SCHEMA))
@@ -429,3 +436,44 @@ def with_crc(batch: bytes, crc: int, at: int) -> bytes:
     data[17:21] = crc.to_bytes(4, "big")
     assert calc_crc32c(bytes(data[CRC_COVERS_FROM:])) == crc
     return bytes(data)
+
+
+def offset_commit_frames(cid: int, offset: int, group: str = "g") -> tuple[bytes, bytes]:
+    """An OffsetCommit v8 of ``offset`` for ``group``'s partition ``t-0``, and its answer (no error)."""
+    cls, answer_cls = request_class(ApiKey.OFFSET_COMMIT), response_class(ApiKey.OFFSET_COMMIT)
+    part = cls.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+        partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""
+    )
+    topics = [cls.OffsetCommitRequestTopic(name="t", partitions=[part])]
+    body = cls(
+        version=8,
+        group_id=group,
+        generation_id_or_member_epoch=1,
+        member_id="m1",
+        group_instance_id=None,
+        topics=topics,
+    )
+    answered = answer_cls.OffsetCommitResponseTopic
+    acked = [
+        answered(
+            name="t", partitions=[answered.OffsetCommitResponsePartition(partition_index=0, error_code=0)]
+        )
+    ]
+    return encode_request(body, cid), encode_response(
+        answer_cls(version=8, throttle_time_ms=0, topics=acked), cid
+    )
+
+
+def offset_fetch_frames(cid: int, offset: int, group: str = "g") -> tuple[bytes, bytes]:
+    """An OffsetFetch v7 of ``group``'s partition ``t-0``, and its answer: ``offset`` (-1: none)."""
+    cls, answer_cls = request_class(ApiKey.OFFSET_FETCH), response_class(ApiKey.OFFSET_FETCH)
+    topics = [cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0])]
+    body = cls(version=7, group_id=group, topics=topics, require_stable=False)
+    topic = answer_cls.OffsetFetchResponseTopic
+    part = topic.OffsetFetchResponsePartition(
+        partition_index=0, committed_offset=offset, committed_leader_epoch=-1, metadata="", error_code=0
+    )
+    answer = answer_cls(
+        version=7, throttle_time_ms=0, topics=[topic(name="t", partitions=[part])], error_code=0
+    )
+    return encode_request(body, cid), encode_response(answer, cid)

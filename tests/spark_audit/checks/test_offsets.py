@@ -12,6 +12,7 @@ from tests.support.audit_builders import (
     CAPTURE,
     MS,
     Transaction,
+    connection_fact,
     end_txn_facts,
     fact,
     facts_df,
@@ -70,6 +71,7 @@ def test_committed_offset_loss(spark):
             connection_id="c",
             fetches=2,
             deleted_wall_ns=60 * MS,
+            cluster_id=None,
         ),
     ]
     assertDataFrameEqual(offset_losses(facts_df(spark, rows)), expected)
@@ -177,3 +179,62 @@ def test_an_uncommitted_transactions_offsets_are_no_commits(spark):
     )
     got = offset_losses(facts_df(spark, rows)).select("last_offset", "committed_wall_ns")
     assertDataFrameEqual(got, [Row(last_offset=5, committed_wall_ns=1 * MS)])
+
+
+TWO_CLUSTERS = [
+    # each cluster's Metadata connection names it; the coordinator connections name nothing
+    connection_fact("ma", "a1:9092", "A"),
+    connection_fact("ca", "a1:9092"),
+    connection_fact("mb", "b1:9092", "B"),
+    connection_fact("cb", "b1:9092"),
+]
+"""Two clusters (a MirrorMaker's source and target), each with a group ``g`` on topic ``t``:
+a group coordinator's connection doing only OffsetCommit and OffsetFetch takes the cluster
+its broker's address named on another connection."""
+
+
+def test_an_offset_committed_in_one_cluster_is_not_lost_in_another(spark):
+    rows = TWO_CLUSTERS + commit("ca", 1, 0, 9) + fetch("cb", 3, 10, -1)  # g on B committed nothing
+    assert offset_losses(facts_df(spark, rows)).count() == 0
+
+
+def test_a_loss_within_one_cluster_is_found_with_its_cluster(spark):
+    rows = [
+        *TWO_CLUSTERS,
+        connection_fact("ca2", "a1:9092"),  # the group's consumer again, on a new connection
+        *commit("ca", 1, 0, 9),
+        *fetch("cb", 3, 10, 4),  # B's group of the same name is fine
+        *fetch("ca2", 5, 20, -1),
+    ]
+    got = offset_losses(facts_df(spark, rows)).select("connection_id", "last_offset", "cluster_id")
+    assertDataFrameEqual(got, [Row(connection_id="ca2", last_offset=9, cluster_id="A")])
+
+
+def test_a_transaction_of_another_cluster_commits_no_offsets(spark):
+    # Producer ids are a cluster's: producer 7's transaction "tx" on B is not A's producer 7.
+    rows = [
+        *TWO_CLUSTERS,
+        connection_fact("tb", "b2:9092", "B"),
+        *commit("ca", 1, 0, 5),
+        *txn_offset_commit_facts("ca", 3, 10, 9),
+        *end_txn_facts("tb", 5, 20, True),
+        *fetch("ca", 7, 30, -1),
+    ]
+    got = offset_losses(facts_df(spark, rows)).select("last_offset", "cluster_id")
+    assertDataFrameEqual(got, [Row(last_offset=5, cluster_id="A")])
+
+
+def test_a_broker_that_named_no_cluster_joins_the_only_cluster(spark):
+    # One cluster in the whole audit: its connections are never split, named or not.
+    rows = [connection_fact("ma", "a1:9092", "A"), connection_fact("x", "a9:9092")]
+    rows += commit("x", 1, 0, 9) + fetch("ma", 3, 10, -1) + fetch("y", 5, 20, -1)  # y: no open row
+    got = offset_losses(facts_df(spark, rows)).select("connection_id", "fetches", "cluster_id")
+    assertDataFrameEqual(got, [Row(connection_id="ma", fetches=2, cluster_id="A")])
+
+
+def test_a_broker_that_named_no_cluster_stays_apart_when_there_are_two(spark):
+    # Its connections could be either cluster's: they meet only each other.
+    rows = [*TWO_CLUSTERS, connection_fact("x", "x1:9092"), connection_fact("x2", "x1:9092")]
+    rows += commit("x", 1, 0, 9) + fetch("ca", 3, 10, -1) + fetch("cb", 5, 20, -1) + fetch("x2", 7, 30, -1)
+    got = offset_losses(facts_df(spark, rows)).select("connection_id", "cluster_id")
+    assertDataFrameEqual(got, [Row(connection_id="x2", cluster_id=None)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from spark_audit.checks import attempts, duplicate_batches, sequence_problems
-from tests.support.audit_builders import CAPTURE, MS, fact, facts_df
+from spark_audit.checks import duplicate_batches, sequence_problems
+from tests.support.audit_builders import CAPTURE, MS, connection_fact, fact, facts_df
 
 TIMESTAMP = 1_700_000_000_000
 LENGTH = 120
@@ -97,6 +97,7 @@ def test_duplicate_batches_without_producer_id(spark):
             corrfix_resends=0,
             last_wall_ns=5 * MS,
             kind="appended_twice",
+            cluster_id=None,
         ),
         Row(
             capture_id=CAPTURE,
@@ -114,13 +115,14 @@ def test_duplicate_batches_without_producer_id(spark):
             corrfix_resends=0,
             last_wall_ns=20 * MS,
             kind="possible_duplicate",
+            cluster_id=None,
         ),
     ]
-    assertDataFrameEqual(duplicate_batches(attempts(facts_df(spark, rows))), expected)
+    assertDataFrameEqual(duplicate_batches(facts_df(spark, rows)), expected)
 
 
 def _kinds(spark, rows) -> list[tuple]:
-    found = duplicate_batches(attempts(facts_df(spark, rows))).collect()
+    found = duplicate_batches(facts_df(spark, rows)).collect()
     return sorted(
         (r.crc, r.first_timestamp, r.kind, r.sends, r.acknowledged, r.corrfix_resends) for r in found
     )
@@ -196,6 +198,7 @@ def test_sequence_problems_of_idempotent_producers(spark):
             crc=crc,
             sends=sends,
             kind=kind,
+            cluster_id=None,
         )
 
     expected = [
@@ -271,3 +274,66 @@ def test_sequences_an_idempotent_producer_gave_back_or_restarted_are_not_reused(
         ("sequence_reused", 80, 4),
         ("sequence_reused", 91, 1),
     ]
+
+
+TWO_CLUSTERS = [
+    # each cluster's Metadata connection names it; the partition leaders' connections, doing
+    # only Produce, name nothing
+    connection_fact("ma", "a1:9092", "A"),
+    connection_fact("pa", "a1:9092"),
+    connection_fact("pa2", "a1:9092"),
+    connection_fact("mb", "b1:9092", "B"),
+    connection_fact("pb", "b1:9092"),
+]
+"""Two clusters with a topic ``t`` each (a MirrorMaker's source and target, a client of both)."""
+
+
+def test_one_producer_id_in_two_clusters_is_two_producers(spark):
+    # Each cluster hands out producer ids from its own counter: producer 7 on A and on B.
+    rows = [
+        *TWO_CLUSTERS,
+        batch("pa", 1, 0, 10, pid=7, base=0, count=5),
+        ack("pa", 1, 1),
+        batch("pb", 3, 5, 20, pid=7, base=0, count=2),  # B's producer 7 starts at 0
+        ack("pb", 3, 6),
+        batch("pb", 5, 10, 30, pid=7, base=2, count=2),
+        ack("pb", 5, 11),
+        batch("pa", 7, 15, 40, pid=7, base=5, count=1),
+        ack("pa", 7, 16),
+    ]
+    assert sequence_problems(facts_df(spark, rows)).collect() == []
+
+
+def test_a_sequence_reused_within_one_cluster_is_found_with_its_cluster(spark):
+    rows = [
+        *TWO_CLUSTERS,
+        batch("pa", 1, 0, 10, pid=7, base=0, count=5),
+        ack("pa", 1, 1),
+        batch("pb", 3, 5, 20, pid=7, base=0, count=2),
+        ack("pb", 3, 6),
+        batch("pa2", 5, 10, 30, pid=7, base=3, count=2),  # A's producer 7 again, after a leader move
+        ack("pa2", 5, 11),
+    ]
+    found = sequence_problems(facts_df(spark, rows)).collect()
+    assert [(r.kind, r.crc, r.expected_sequence, r.cluster_id) for r in found] == [
+        ("sequence_reused", 30, 5, "A")
+    ]
+
+
+def test_one_batch_sent_to_two_clusters_is_no_duplicate(spark):
+    # A client of both clusters writes the same batch to each one's topic t.
+    rows = [
+        *TWO_CLUSTERS,
+        batch("pa", 1, 0, 111),
+        ack("pa", 1, 1),
+        batch("pb", 3, 5, 111),
+        ack("pb", 3, 6),
+        batch("pa", 5, 10, 222),
+        ack("pa", 5, 11),
+        batch("pa2", 7, 15, 222),  # the client's own retry, in A: appended twice
+        ack("pa2", 7, 16),
+        batch("pb", 9, 20, 222),
+        ack("pb", 9, 21),
+    ]
+    found = duplicate_batches(facts_df(spark, rows)).collect()
+    assert [(r.crc, r.kind, r.sends, r.cluster_id) for r in found] == [(222, "appended_twice", 2, "A")]

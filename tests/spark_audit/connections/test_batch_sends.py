@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from protocol import ApiKey
-from spark_audit.checks import attempts, duplicate_batches, duplicates_of_sends
+from spark_audit.checks import duplicate_batches, duplicates_of_sends
 from spark_audit.connections import BATCH_SENDS_SCHEMA, FACT_COLUMNS, facts_pass, plain_batches, sum_sends
+from spark_audit.connections._clusters import HOME, send_homes
 from spark_audit.decode import FACT_SCHEMA, decode_batches
 from tests.support.audit_builders import CAPTURE, produce_answer, produce_frame, records, with_crc
 
@@ -47,25 +48,52 @@ def _facts(drawn: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=FACTS)
 
 
+home = st.tuples(st.sampled_from([None, "a1:9092", "b1:9092"]), st.sampled_from([None, "A", "B"]))
+"""A connection's upstream address and the cluster its answers named."""
+
+
+def _connections(homes: list[tuple[str | None, str | None]]) -> pa.Table:
+    """The ``connection`` facts of connections a, b and c, at ``homes``."""
+    rows = []
+    for connection, (address, cluster) in zip("abc", homes, strict=True):
+        row = dict.fromkeys(FACTS.names)
+        row.update(capture_id=CAPTURE, connection_id=connection, seq=0, wall_ns=0, fact="connection")
+        rows.append({**row, "upstream_address": address, "cluster_id": cluster})
+    return pa.Table.from_pylist(rows, schema=FACTS)
+
+
+def _at_home(sends: pa.Table, connections: pa.Table) -> pa.Table:
+    """``sends`` with their connections' homes, as the facts pass gives them to :func:`sum_sends`."""
+    for name, column in zip(HOME, send_homes(sends, connections), strict=True):
+        sends = sends.set_column(sends.schema.get_field_index(name), name, column)
+    return sends
+
+
 @settings(
     max_examples=10,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking through Spark takes minutes
 )
-@given(drawn=st.lists(send, max_size=40), homes=st.lists(st.integers(0, 2), min_size=3, max_size=3))
-def test_summed_sends_find_the_same_duplicates(spark, drawn, homes):
+@given(
+    drawn=st.lists(send, max_size=40),
+    homes=st.lists(st.integers(0, 2), min_size=3, max_size=3),
+    clusters=st.lists(home, min_size=3, max_size=3),
+)
+def test_summed_sends_find_the_same_duplicates(spark, drawn, homes, clusters):
     facts = _facts(drawn)
+    connections = _connections(clusters)
     parts = []
     for k in range(3):
         home = {c: homes[i] for i, c in enumerate("abc")}  # connections are whole in a partition
         mine = facts.filter(pa.array([home[d["connection_id"]] == k for d in drawn], pa.bool_()))
-        parts.append(sum_sends(mine.filter(plain_batches(mine))))
+        parts.append(sum_sends(_at_home(mine.filter(plain_batches(mine)), connections)))
     summed = pa.concat_tables(parts)
     assert summed.schema == BATCH_SENDS_SCHEMA
     assert sum(summed.column("sends").to_pylist()) == sum(plain_batches(facts).to_pylist())
-    want = duplicate_batches(attempts(spark.createDataFrame(facts.select(FACT_COLUMNS)))).collect()
-    got = duplicates_of_sends(spark.createDataFrame(summed)).collect()
+    every = spark.createDataFrame(pa.concat_tables([facts, connections]).select(FACT_COLUMNS))
+    want = duplicate_batches(every).collect()
+    got = duplicates_of_sends(spark.createDataFrame(summed), every).collect()
     assert sorted(got) == sorted(want)
 
 

@@ -116,8 +116,30 @@ def test_metadata_leaders_and_offset_fetch_of_both_layouts():
 def test_a_metadata_leader_counts_its_replicas_and_in_sync_replicas_in_every_version():
     for version in range(response_class(3).max_version + 1):
         answer = metadata_answer(1, {0: (1, [1, 2, 3], [1, 3]), 1: (2, [2, 3], [2, 3])}, version=version)
-        got = facts_of(answer, 3, version, "response")
+        got = [f for f in facts_of(answer, 3, version, "response") if f["fact"] == "leader"]
         assert [(f["partition"], f["isr_size"], f["replica_size"]) for f in got] == [(0, 2, 3), (1, 2, 2)]
+
+
+def test_metadata_and_describe_cluster_answers_name_their_cluster():
+    # Also a Metadata answer without partitions (a client that asked for no topic): the
+    # connection's cluster, which the offsets and produce checks keep apart.
+    for version in range(response_class(3).max_version + 1):
+        got = facts_of(metadata_answer(1, {}, version=version, cluster="cA"), 3, version, "response")
+        assert [f for f in got if f["fact"] == "cluster"] == (
+            [{"fact": "cluster", "cluster_id": "cA"}] if version >= 2 else []
+        )
+    describe = response_class(60)(
+        version=0,
+        throttle_time_ms=0,
+        error_code=0,
+        error_message=None,
+        cluster_id="cB",
+        controller_id=1,
+        brokers=[],
+    )
+    assert facts_of(encode_response(describe, 1), 60, 0, "response") == [
+        {"fact": "cluster", "cluster_id": "cB"}
+    ]
 
 
 def test_group_requests_name_their_group():
