@@ -123,7 +123,7 @@ def send_homes(sends: pa.Table, connections: pa.Table) -> tuple[pa.Array, pa.Arr
 def _lookup(sends: pa.Table, home_of: dict[tuple[str, str], int]) -> np.ndarray:
     """Each send's home code, by its capture and connection ids' dictionary codes (one hash
     pass per column) and a table of the few (capture, connection) pairs."""
-    encoded = [pc.dictionary_encode(sends.column(name)).combine_chunks() for name in _KEY]
+    encoded = [pc.dictionary_encode(sends.column(name).combine_chunks()) for name in _KEY]  # one dictionary
     captures, connections = (e.dictionary.to_pylist() for e in encoded)
     table = np.zeros((len(captures) + 1, len(connections) + 1), np.int32)  # row/column -1: a null id
     places = [{value: i for i, value in enumerate(values)} for values in (captures, connections)]
