@@ -67,7 +67,10 @@ connection's cluster is the one its answers (Metadata v2+, DescribeCluster) name
 one its upstream address named on another connection, else the audit's only cluster; the
 ``committed_offset_lost``, ``appended_twice``, ``possible_duplicate`` and sequence findings
 carry ``cluster_id``, and the facts gain one ``connection`` row per connection (its
-``upstream_address`` and the cluster its answers named).
+``upstream_address`` and the cluster its answers named); an OffsetFetch without
+``require_stable`` answered within a second of a transaction's EndTxn answer is not
+compared with that transaction's offsets (the commit marker may not be there yet), and the
+facts' OffsetFetch ``group`` rows carry ``require_stable``.
 
 6: groups on KIP-848's consumer protocol count in the rebalances: a ConsumerGroupHeartbeat
 that sends member epoch 0 is a join, -1 or -2 a leave, and a member epoch its answer hands

@@ -9,7 +9,9 @@ commits and fetches on different connections compare. A DeleteGroups
 request for the group, or an OffsetDelete request for the group and partition, between
 the commit and the fetch is reported with the loss: it explains it (an operator deleted
 the group or its offsets), but the offsets are gone all the same. A deletion whose answer
-refused it explains nothing.
+refused it explains nothing. A fetch without ``require_stable`` within a second of a
+transaction's EndTxn answer is not compared with that transaction's offsets: the commit
+marker may not have reached the group coordinator yet.
 
 Groups, topics, transactional ids and producer ids are a cluster's: commits, fetches,
 transactions and deletions meet only within one cluster (:mod:`._clusters`), so an offset
@@ -21,7 +23,7 @@ from __future__ import annotations
 import functools
 import operator
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
@@ -34,6 +36,11 @@ _PARTITION = [KEY, *_PLACE]
 _NAMED = [*_PARTITION, "cluster_id"]
 """The same, with the cluster's id (null for some keys: no join on it)."""
 NO_OFFSET = -1
+MARKER_GRACE_NS = 1_000_000_000
+"""How long after a transaction's EndTxn answer a fetch without ``require_stable`` may still
+miss its offsets: the group coordinator holds them apart until the commit marker reaches
+it, milliseconds after the answer (markers are written after the answer, and a busy
+cluster replicates ``__consumer_offsets`` in well under a second)."""
 OFFSET_FACTS = (
     "commit",
     "commit_ack",
@@ -83,24 +90,25 @@ def transaction_commits(facts: DataFrame) -> DataFrame:
         F.min_by(F.struct("committed", "ended_wall_ns"), "ended_wall_ns").alias("end")
     )
     return first.filter(F.col("end.committed")).select(
-        *_NAMED, "offset", F.col("end.ended_wall_ns").alias("wall_ns")
+        *_NAMED, "offset", F.col("end.ended_wall_ns").alias("wall_ns"), F.lit(True).alias("transactional")
     )
 
 
 def successful_commits(facts: DataFrame) -> DataFrame:
     """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` (of the
-    answer) per acknowledged OffsetCommit, and per offset of a committed transaction
-    (:func:`transaction_commits`)."""
-    return _acknowledged(facts, ApiKey.OFFSET_COMMIT).unionByName(transaction_commits(facts))
+    answer), ``transactional`` false, per acknowledged OffsetCommit, and per offset of a
+    committed transaction (:func:`transaction_commits`), ``transactional`` true."""
+    plain = _acknowledged(facts, ApiKey.OFFSET_COMMIT).withColumn("transactional", F.lit(False))
+    return plain.unionByName(transaction_commits(facts))
 
 
 def fetched_offsets(facts: DataFrame) -> DataFrame:
     """``cluster_key, cluster_id, group_id, topic, partition, offset, wall_ns, capture_id,
-    connection_id`` per partition an OffsetFetch answered without error (the group named in
-    the answer, else the request)."""
+    connection_id, require_stable`` (of the request) per partition an OffsetFetch answered
+    without error (the group named in the answer, else the request)."""
     fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0))
     requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.OFFSET_FETCH)).select(
-        *_CALL, F.col("group_id").alias("request_group_id")
+        *_CALL, F.col("group_id").alias("request_group_id"), "require_stable"
     )
     named = fetched.join(requests, _CALL, "left")
     return named.select(
@@ -113,6 +121,7 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
         "wall_ns",
         "capture_id",
         "connection_id",
+        "require_stable",
     )
 
 
@@ -137,6 +146,17 @@ def deletions(facts: DataFrame) -> DataFrame:
     return requests.join(refusals, refused, "left_anti").select(*_NAMED, "wall_ns")
 
 
+def _visible() -> Column:
+    """Whether a fetch (``wall_ns``, ``require_stable``) should have seen a commit
+    (``committed_wall_ns``, ``transactional``): not a transaction's offsets fetched without
+    ``require_stable`` within :data:`MARKER_GRACE_NS` of the EndTxn answer, before the
+    commit marker can have reached the group coordinator (the offsets committed before them
+    still count). A fetch with ``require_stable`` in that time is told UNSTABLE_OFFSET_COMMIT,
+    no -1."""
+    early = (F.col("wall_ns") - F.col("committed_wall_ns")) < MARKER_GRACE_NS
+    return ~(F.col("transactional") & ~F.coalesce(F.col("require_stable"), F.lit(False)) & early)
+
+
 def offset_losses(facts: DataFrame) -> DataFrame:
     """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
     the first fetch that found none (``wall_ns``, its capture and connection), how many
@@ -146,10 +166,15 @@ def offset_losses(facts: DataFrame) -> DataFrame:
     more than one cluster)."""
     facts = by_connection(facts.filter(F.col("fact").isin(*OFFSET_FACTS)), facts)
     commits = successful_commits(facts).select(
-        *_PARTITION, F.col("offset").alias("committed"), F.col("wall_ns").alias("committed_wall_ns")
+        *_PARTITION,
+        F.col("offset").alias("committed"),
+        F.col("wall_ns").alias("committed_wall_ns"),
+        "transactional",
     )
     empty = fetched_offsets(facts).filter(F.col("offset") == NO_OFFSET)
-    pairs = empty.join(commits, _PARTITION).filter(F.col("committed_wall_ns") < F.col("wall_ns"))
+    pairs = empty.join(commits, _PARTITION).filter(
+        (F.col("committed_wall_ns") < F.col("wall_ns")) & _visible()
+    )
     last = pairs.groupBy(*_NAMED, "wall_ns", "capture_id", "connection_id").agg(
         F.max_by("committed", "committed_wall_ns").alias("last_offset"),
         F.max("committed_wall_ns").alias("committed_wall_ns"),

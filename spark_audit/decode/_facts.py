@@ -57,6 +57,7 @@ FACT_SCHEMA = pa.schema(
         pa.field("replica_size", pa.int32()),
         pa.field("cluster_id", pa.string()),
         pa.field("upstream_address", pa.string()),
+        pa.field("require_stable", pa.bool_()),
     ]
 )
 """One row per fact. ``fact`` is one of: produce_batch, produce_ack, leader, commit,
@@ -78,7 +79,9 @@ of two clusters with topics of one name apart. A ``cluster`` fact is the ``clust
 Metadata answer (v2+, with or without topics) or a DescribeCluster answer named, and a
 ``connection`` fact (one per connection, from the pass) its ``upstream_address`` and the
 ``cluster_id`` its answers named: the checks that compare connections keep clusters apart
-by them (:mod:`spark_audit.checks._clusters`)."""
+by them (:mod:`spark_audit.checks._clusters`). An OffsetFetch's ``group`` fact carries its
+``require_stable`` (v7+; false before): without it, the coordinator answers without the
+offsets of a transaction whose commit marker has not reached it yet."""
 
 FACT_SPARK_SCHEMA = from_arrow_schema(FACT_SCHEMA)
 INPUT_COLUMNS = (

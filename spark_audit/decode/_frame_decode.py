@@ -157,13 +157,19 @@ def _request_facts(api_key: int, api_version: int, body: Any) -> Iterator[Fact]:
     if api_key == ApiKey.OFFSET_DELETE:  # the group's committed offsets of these partitions
         yield from (fact for fact, _ in _group_partitions(body, "group"))
         return
-    if api_key == ApiKey.OFFSET_FETCH and api_version >= OFFSET_FETCH_BATCHED:  # a batch of groups
-        for group in body.groups or ():
-            yield {
-                "fact": "group",
-                "group_id": group.group_id,
-                "member_id": getattr(group, "member_id", None),
-            }
+    if api_key == ApiKey.OFFSET_FETCH:  # require_stable (v7+): pending transactional offsets
+        stable = getattr(body, "require_stable", None)
+        if api_version >= OFFSET_FETCH_BATCHED:  # a batch of groups
+            for group in body.groups or ():
+                member = getattr(group, "member_id", None)
+                yield {
+                    "fact": "group",
+                    "group_id": group.group_id,
+                    "member_id": member,
+                    "require_stable": stable,
+                }
+            return
+        yield {"fact": "group", "group_id": body.group_id, "require_stable": stable}
         return
     member = getattr(body, "member_id", None)
     if member is None and getattr(body, "members", None):

@@ -28,9 +28,11 @@ def commit(conn, seq, wall_ms, offset, partition=0, error_code=0):
     ]
 
 
-def fetch(conn, seq, wall_ms, offset, partition=0):
+def fetch(conn, seq, wall_ms, offset, partition=0, stable=None):
+    """An OffsetFetch of group g answered ``offset``; ``stable``: its ``require_stable``."""
+    request = {"group_id": "g", "require_stable": stable}
     return [
-        fact(conn, seq, "group", direction="request", api_key=9, cid=seq, wall_ms=wall_ms, group_id="g"),
+        fact(conn, seq, "group", direction="request", api_key=9, cid=seq, wall_ms=wall_ms, **request),
         fact(
             conn,
             seq + 1,
@@ -238,3 +240,21 @@ def test_a_broker_that_named_no_cluster_stays_apart_when_there_are_two(spark):
     rows += commit("x", 1, 0, 9) + fetch("ca", 3, 10, -1) + fetch("cb", 5, 20, -1) + fetch("x2", 7, 30, -1)
     got = offset_losses(facts_df(spark, rows)).select("connection_id", "cluster_id")
     assertDataFrameEqual(got, [Row(connection_id="x2", cluster_id=None)])
+
+
+def test_a_fetch_before_the_commit_marker_does_not_see_the_transactions_offsets(spark):
+    # The EndTxn answer comes before the commit marker reaches the group coordinator, which
+    # holds the offsets apart until then: a fetch without require_stable in between is
+    # answered with the offsets committed before the transaction (here none), not a loss. A
+    # read_committed consumer sets require_stable and is told UNSTABLE_OFFSET_COMMIT instead,
+    # so its -1 is a loss; and after the bound the marker is long there.
+    def losses(*rows):
+        transaction = txn_offset_commit_facts("p", 3, 10, 9) + end_txn_facts("t", 5, 20, True)  # ended at 21
+        found = offset_losses(facts_df(spark, [*transaction, *(r for part in rows for r in part)]))
+        return [(r.last_offset, r.wall_ns // MS) for r in found.collect()]
+
+    assert losses(fetch("c", 7, 30, -1)) == []
+    assert losses(fetch("c", 7, 30, -1, stable=False)) == []
+    assert losses(fetch("c", 7, 30, -1, stable=True)) == [(9, 31)]
+    assert losses(fetch("c", 7, 30, -1), fetch("c", 9, 1030, -1)) == [(9, 1031)]
+    assert losses(commit("a", 1, 0, 5), fetch("c", 7, 30, -1)) == [(5, 31)]  # what it should have seen

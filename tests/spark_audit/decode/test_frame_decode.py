@@ -220,3 +220,18 @@ def test_transactional_offset_commits_and_transaction_ends():
         ("txn_end_ack", None, None, None, None, None, None, None, 48),
         ("error", None, None, None, None, None, None, None, 48),
     ]
+
+
+def test_an_offset_fetch_says_whether_it_requires_stable_offsets():
+    cls = request_class(9)
+    topics = [cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0])]
+    for version, stable in ((6, None), (7, True), (7, False)):
+        asked = {} if stable is None else {"require_stable": stable}
+        frame = encode_request(cls(version=version, group_id="g", topics=topics, **asked), 1)
+        [group] = facts_of(frame, 9, version, "request")
+        assert (group["group_id"], group["require_stable"]) == ("g", bool(stable))
+    batched = cls(
+        version=8, groups=[cls.OffsetFetchRequestGroup(group_id="h", topics=None)], require_stable=True
+    )
+    [group] = facts_of(encode_request(batched, 1), 9, 8, "request")
+    assert (group["group_id"], group["require_stable"]) == ("h", True)
