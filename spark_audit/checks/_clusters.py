@@ -45,10 +45,11 @@ def resolve(rows: DataFrame, facts: DataFrame) -> DataFrame:
     named = connection_homes(facts).filter(F.col("cluster_id").isNotNull())
     by_address = named.groupBy("upstream_address").agg(F.collect_set("cluster_id").alias("_named"))
     addresses = by_address.select(
-        "upstream_address", F.when(F.size("_named") == 1, F.col("_named")[0]).alias("_address_cluster")
+        "upstream_address", F.when(F.size("_named") == 1, F.get("_named", 0)).alias("_address_cluster")
     )
     clusters = named.agg(F.collect_set("cluster_id").alias("_all")).select(
-        (F.size("_all") <= 1).alias("_one"), F.col("_all")[0].alias("_only")
+        (F.size("_all") <= 1).alias("_one"),
+        F.get("_all", 0).alias("_only"),  # null when empty
     )
     joined = rows.join(F.broadcast(addresses), "upstream_address", "left").crossJoin(F.broadcast(clusters))
     cluster = F.coalesce(

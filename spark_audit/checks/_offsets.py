@@ -106,7 +106,9 @@ def fetched_offsets(facts: DataFrame) -> DataFrame:
     """``cluster_key, cluster_id, group_id, topic, partition, offset, wall_ns, capture_id,
     connection_id, require_stable`` (of the request) per partition an OffsetFetch answered
     without error (the group named in the answer, else the request)."""
-    fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0))
+    fetched = facts.filter((F.col("fact") == "fetched_offset") & (F.col("error_code") == 0)).drop(
+        "require_stable"  # the request's
+    )
     requests = facts.filter((F.col("fact") == "group") & (F.col("api_key") == ApiKey.OFFSET_FETCH)).select(
         *_CALL, F.col("group_id").alias("request_group_id"), "require_stable"
     )
