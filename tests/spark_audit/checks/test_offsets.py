@@ -159,7 +159,7 @@ def test_a_committed_transactions_offsets_are_commits(spark):
         txn_offset_commit_facts("p", 1, 10, 9)
         + end_txn_facts("t", 3, 20, True, error_code=51)  # CONCURRENT_TRANSACTIONS: retried
         + end_txn_facts("t", 5, 25, True)
-        + fetch("c", 7, 50, -1)
+        + fetch("c", 7, 2000, -1)  # well after the commit marker
     )
     got = offset_losses(facts_df(spark, rows)).select("partition", "last_offset", "committed_wall_ns")
     assertDataFrameEqual(got, [Row(partition=0, last_offset=9, committed_wall_ns=26 * MS)])
