@@ -68,9 +68,10 @@ def _acknowledged(facts: DataFrame, api_key: int, *extra: str) -> DataFrame:
 
 
 def transaction_commits(facts: DataFrame) -> DataFrame:
-    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` per offset a
-    TxnOffsetCommit wrote in a transaction that then committed, at the time of the EndTxn
-    answer that committed it (the same cluster's: a producer id is a cluster's).
+    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns,
+    written_wall_ns`` per offset a TxnOffsetCommit wrote in a transaction that then
+    committed, at the time of the EndTxn answer that committed it (the same cluster's: a
+    producer id is a cluster's), and of the TxnOffsetCommit's own answer.
 
     The group coordinator holds a transaction's offsets apart until the transaction ends:
     they count only when the transaction's next EndTxn answered without error after them
@@ -90,15 +91,22 @@ def transaction_commits(facts: DataFrame) -> DataFrame:
         F.min_by(F.struct("committed", "ended_wall_ns"), "ended_wall_ns").alias("end")
     )
     return first.filter(F.col("end.committed")).select(
-        *_NAMED, "offset", F.col("end.ended_wall_ns").alias("wall_ns"), F.lit(True).alias("transactional")
+        *_NAMED,
+        "offset",
+        F.col("end.ended_wall_ns").alias("wall_ns"),
+        F.col("wall_ns").alias("written_wall_ns"),
+        F.lit(True).alias("transactional"),
     )
 
 
 def successful_commits(facts: DataFrame) -> DataFrame:
-    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` (of the
-    answer), ``transactional`` false, per acknowledged OffsetCommit, and per offset of a
-    committed transaction (:func:`transaction_commits`), ``transactional`` true."""
-    plain = _acknowledged(facts, ApiKey.OFFSET_COMMIT).withColumn("transactional", F.lit(False))
+    """``cluster_key, group_id, topic, partition, cluster_id, offset, wall_ns`` (when it
+    counts: the answer's), ``written_wall_ns`` (the answer's) and ``transactional`` false, per
+    acknowledged OffsetCommit, and per offset of a committed transaction
+    (:func:`transaction_commits`), ``transactional`` true."""
+    plain = _acknowledged(facts, ApiKey.OFFSET_COMMIT).select(
+        "*", F.col("wall_ns").alias("written_wall_ns"), F.lit(False).alias("transactional")
+    )
     return plain.unionByName(transaction_commits(facts))
 
 
@@ -171,6 +179,7 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         *_PARTITION,
         F.col("offset").alias("committed"),
         F.col("wall_ns").alias("committed_wall_ns"),
+        "written_wall_ns",
         "transactional",
     )
     empty = fetched_offsets(facts).filter(F.col("offset") == NO_OFFSET)
@@ -178,7 +187,9 @@ def offset_losses(facts: DataFrame) -> DataFrame:
         (F.col("committed_wall_ns") < F.col("wall_ns")) & _visible()
     )
     last = pairs.groupBy(*_NAMED, "wall_ns", "capture_id", "connection_id").agg(
-        F.max_by("committed", "committed_wall_ns").alias("last_offset"),
+        # A transaction's offsets all count at its EndTxn answer: of one partition's, the
+        # group keeps the one written last.
+        F.max_by("committed", F.struct("committed_wall_ns", "written_wall_ns")).alias("last_offset"),
         F.max("committed_wall_ns").alias("committed_wall_ns"),
     )
     per_loss = last.groupBy(*_NAMED, "last_offset", "committed_wall_ns").agg(

@@ -165,6 +165,22 @@ def test_a_committed_transactions_offsets_are_commits(spark):
     assertDataFrameEqual(got, [Row(partition=0, last_offset=9, committed_wall_ns=26 * MS)])
 
 
+def test_a_transaction_that_committed_one_partition_more_than_once_keeps_its_last_offset(spark):
+    # Its TxnOffsetCommits all count at the one EndTxn answer's time; the group keeps the
+    # last written, even a lower offset (a consumer that sought back).
+    writes = [
+        txn_offset_commit_facts("p", 1 + 2 * i, 10 + 2 * i, offset) for i, offset in enumerate((30, 20, 5))
+    ]
+    for order in ((0, 1, 2), (2, 1, 0), (1, 2, 0), (2, 0, 1)):
+        rows = (
+            [row for i in order for row in writes[i]]
+            + end_txn_facts("t", 9, 25, True)
+            + fetch("c", 11, 2000, -1)
+        )
+        got = offset_losses(facts_df(spark, rows)).select("last_offset", "committed_wall_ns")
+        assertDataFrameEqual(got, [Row(last_offset=5, committed_wall_ns=26 * MS)])
+
+
 def test_an_uncommitted_transactions_offsets_are_no_commits(spark):
     rows = (
         commit("a", 1, 0, 5)
