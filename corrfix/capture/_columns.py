@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
@@ -104,8 +105,9 @@ _EXTRA_COLUMNS = (
     "new_upstream_correlation_id",
     "frame_seq",
 )
-_FRAME_SEQ = _EXTRA_COLUMNS.index("frame_seq")
-"""Where ``frame_seq`` is in an :data:`Extra` (one further on in a queued extra, after its row)."""
+_FRAME_SEQ: Final = 6
+"""Where ``frame_seq`` is in an :data:`Extra` (one further on in a queued extra, after its row);
+a literal, so that a type checker knows the item is an ``int | None``."""
 
 
 @dataclass
@@ -444,7 +446,7 @@ def _numbers(values: np.ndarray, arrow_type: pa.DataType, dtype: str) -> pa.Arra
     return pa.Array.from_buffers(arrow_type, len(values), [bitmap, pa.py_buffer(data)], null_count=nulls)
 
 
-def _scattered(rows: int, at: Sequence[int], values: list[object], arrow_type: pa.DataType) -> pa.Array:
+def _scattered(rows: int, at: Sequence[int], values: Sequence[object], arrow_type: pa.DataType) -> pa.Array:
     """A column null but at the rows ``at``, which hold ``values``."""
     if not any(value is not None for value in values):
         return pa.nulls(rows, arrow_type)

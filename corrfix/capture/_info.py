@@ -95,12 +95,12 @@ def capture_info(path: Path) -> dict[str, Any]:
                 conn["close_reason"] = row["reason"]
     lost_total = None
     for summary in read_summaries(path):
-        capture = captures.get(summary.capture_id)
-        if capture is None:
+        summarised = captures.get(summary.capture_id)
+        if summarised is None:
             continue  # a summary of a capture whose files are not here (or have no rows yet)
-        capture["rows_lost"] = summary.rows_lost
-        capture["finished"] = summary.finished
-        capture["files_removed"] = summary.files_removed
+        summarised["rows_lost"] = summary.rows_lost
+        summarised["finished"] = summary.finished
+        summarised["files_removed"] = summary.files_removed
         lost_total = (lost_total or 0) + summary.rows_lost
     return {
         "path": str(path),

@@ -75,7 +75,7 @@ class TcpSegment(NamedTuple):
     third as much to make.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # the packet's number in the file; hides tuple.index
     ts_ns: int
     src: str
     sport: int

@@ -69,7 +69,7 @@ def file_stem(capture_id: str, started_wall_ns: int) -> str:
 
 def prior_imports(directory: Path) -> list[PriorImport]:
     """Every capture summary in ``directory`` (imports and proxy captures alike)."""
-    found = []
+    found: list[PriorImport] = []
     if not directory.is_dir():
         return found
     for path in sorted(directory.glob(f"*{SUMMARY_SUFFIX}")):

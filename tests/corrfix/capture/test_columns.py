@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corrfix.capture._columns import (
+    _EXTRA_COLUMNS,
+    _FRAME_SEQ,
     CLIENT_REQUEST,
     NULL,
     RECORD_SIZE,
@@ -168,3 +170,7 @@ def test_a_call_that_fails_half_queued_leaves_the_queue_as_it_was_and_counts_its
         ("a", 0, b"abc"),
         ("c", 3, b"ghi"),
     ]
+
+
+def test_frame_seq_names_the_frame_seq_item_of_an_extra() -> None:
+    assert _EXTRA_COLUMNS[_FRAME_SEQ] == "frame_seq"
