@@ -171,9 +171,16 @@ class CaptureStats(Protocol):
 
 
 class _RowCounts(Protocol):
-    rows_written: int
-    rows_lost: int
-    bytes_removed: int
+    """Read-only, as the writer's frozen stats are."""
+
+    @property
+    def rows_written(self) -> int: ...
+
+    @property
+    def rows_lost(self) -> int: ...
+
+    @property
+    def bytes_removed(self) -> int: ...
 
 
 def open_admin(
