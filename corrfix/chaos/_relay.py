@@ -133,7 +133,7 @@ class _Connection:
             data = await client.receive_some(RECEIVE_SIZE)
             if not data:
                 self.log.debug("chaos.client_eof")
-                with contextlib.suppress(_STREAM_ERRORS):
+                with contextlib.suppress(*_STREAM_ERRORS):
                     await upstream.send_eof()
                 return
             chaos.client_data(data)  # track before the broker can possibly answer
@@ -186,7 +186,7 @@ class _Connection:
                     self.cancel_scope.cancel()
                     return
         # The broker closed and every delayed response is out: pass the close on.
-        with contextlib.suppress(_STREAM_ERRORS):
+        with contextlib.suppress(*_STREAM_ERRORS):
             await client.send_eof()
 
     def _log_action(self, decision: Decision, event: str | None = None) -> None:
