@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from corrfix._netutil import free_port
 from corrfix.lab._launch import CorrfixProcess
@@ -186,7 +187,7 @@ def _repairs(processes: list[CorrfixProcess]) -> dict[str, int]:
     return {}
 
 
-def acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfix: bool) -> SceneResult:
+def acks0_scene(workload: ModuleType, work: Path, label: str, n: int, *, via_corrfix: bool) -> SceneResult:
     name = "acks0-" + ("corrfix" if via_corrfix else "direct")
     with _stack(work, name, via_corrfix=via_corrfix, drop_every=0) as (bootstrap, processes):
         workload.create_topic(bootstrap, "demo-acks0")
@@ -206,7 +207,7 @@ def acks0_scene(workload: object, work: Path, label: str, n: int, *, via_corrfix
 
 
 def sync_scene(
-    workload: object,
+    workload: ModuleType,
     work: Path,
     m: int,
     label: str,
