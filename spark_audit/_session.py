@@ -81,7 +81,9 @@ def _suit_local_mode(spark: SparkSession) -> None:
     """spark-submit in local mode: what of :data:`LOCAL_CONF` can still change once the
     session runs, unless spark-submit was given it (its master is only known now)."""
     sc = spark.sparkContext
-    if not sc.master.startswith("local"):
+    master = sc.master
+    assert master is not None  # typed optional, but a context without one is refused (MASTER_URL_NOT_SET)
+    if not master.startswith("local"):
         return
     given = sc.getConf()
     if not given.contains("spark.sql.shuffle.partitions"):

@@ -12,7 +12,7 @@ the body, with the group, topic and partition around it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatch
@@ -47,8 +47,10 @@ GROUP_REQUESTS = frozenset(
         ApiKey.OFFSET_DELETE,
     }
 )
-HAND_READ = {ApiKey.CONSUMER_GROUP_HEARTBEAT: (heartbeat_request, heartbeat_answer)}
-"""Keys kafka-python has no class for, read by hand (request, answer)."""
+HAND_READ: dict[int, tuple[Callable[[bytes], list[Fact]], Callable[[bytes], list[Fact]]]] = {
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (heartbeat_request, heartbeat_answer)
+}
+"""Keys kafka-python has no class for, read by hand (request, answer), looked up by a frame's int key."""
 TRANSACTION_KEYS = frozenset({ApiKey.TXN_OFFSET_COMMIT, ApiKey.END_TXN})
 """A transaction's offsets (TxnOffsetCommit) are committed when it commits (EndTxn)."""
 REQUEST_KEYS = frozenset({ApiKey.PRODUCE}) | GROUP_REQUESTS | frozenset(HAND_READ) | TRANSACTION_KEYS

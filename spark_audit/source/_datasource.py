@@ -125,9 +125,10 @@ class CaptureReader(DataSourceReader):
     """Plans file ranges on the driver; reads them on the executors."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.path = options.get("path") or options.get("paths")
-        if not self.path:
+        path = options.get("path") or options.get("paths")
+        if not path:
             raise ValueError(f'{DATA_SOURCE_NAME}: give a capture directory: .load("DIR")')
+        self.path = path
         self.split_bytes = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
         self.rows = RowFilter.from_options(options)
         self.trim = FrameTrim.from_options(options)
