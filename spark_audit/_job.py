@@ -25,6 +25,8 @@ from spark_audit._progress import Progress
 from spark_audit._tally import FINDING_TAG, as_json, finding_rows, tally_rows, tally_tables
 from spark_audit.checks import (
     GROUP_ACTIVITY,
+    HOME,
+    Clusters,
     duplicates_of_sends,
     error_storms,
     isr_shrinks,
@@ -225,17 +227,28 @@ ranked on the driver (:func:`spark_audit._tally.tally_rows`): no check finds mor
 than it has input rows, and below this a Spark ``groupBy`` and window cost more than the rows."""
 
 
-def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], list[Row], dict[str, int]]:
-    """The audit table's connection and latency rows, the facts' counts and the rows of each
-    part of the audit table, in one Spark action, which also fills the caches (none for a
-    small capture: :func:`spark_audit.connections.load_audit_input`)."""
+def _read_small(
+    audit: DataFrame, facts: DataFrame | None
+) -> tuple[list[Row], list[Row], dict[str, int], Clusters]:
+    """The audit table's connection and latency rows, the facts' counts, the rows of each
+    part of the audit table and the connections' clusters (their homes, resolved on the
+    driver), in one Spark action, which also fills the caches (none for a small capture:
+    :func:`spark_audit.connections.load_audit_input`)."""
     small = audit.filter(F.col("part").isin(*_SMALL))
     if facts is not None:
         counts = facts.filter(F.col("kind").isin("fact_count", "sizes")).select(
             F.concat(F.lit("facts:"), F.col("kind")).alias("part"), "fact", "rows"
         )
-        small = small.unionByName(counts, allowMissingColumns=True)
+        homes = facts.filter((F.col("kind") == "fact") & (F.col("fact") == "connection")).select(
+            F.lit("facts:connection").alias("part"), *HOME
+        )
+        small = small.unionByName(counts, allowMissingColumns=True).unionByName(
+            homes, allowMissingColumns=True
+        )
     rows = small.collect()
+    clusters = Clusters.of_homes(
+        (row["upstream_address"], row["cluster_id"]) for row in rows if row["part"] == "facts:connection"
+    )
     part_rows: dict[str, int] = {}
     for row in rows:
         if row["part"] == "sizes":
@@ -247,6 +260,7 @@ def _read_small(audit: DataFrame, facts: DataFrame | None) -> tuple[list[Row], l
         [r for r in rows if r["part"] in ("connection", "latency")],
         [r for r in rows if r["part"] == "facts:fact_count"],
         part_rows,
+        clusters,
     )
 
 
@@ -298,8 +312,10 @@ class _AuditRun:
         by_api: list[dict[str, Any]],
         fact_kinds: frozenset[str] = frozenset(),
         part_rows: dict[str, int] | None = None,
+        clusters: Clusters | None = None,
     ) -> None:
         self.audit = audit
+        self.clusters = clusters
         self.all_facts = facts
         self.options = options
         self.by_api = by_api
@@ -377,7 +393,7 @@ class _AuditRun:
     def offsets(self) -> DataFrame | None:
         if any(self._lacks(kind) for kind in ("commit", "commit_ack", "fetched_offset")):  # inner joins
             return None
-        return offset_loss_findings(offset_losses(self.facts))
+        return offset_loss_findings(offset_losses(self.facts, self.clusters))
 
     def _has_facts(self, name: str) -> bool:
         """Whether the facts table has rows of ``name`` (a fact, or ``batch_sends``) after
@@ -389,9 +405,9 @@ class _AuditRun:
             return None
         found = []
         if self._has_facts("batch_sends"):
-            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends, self.facts)))
+            found.append(duplicate_findings(duplicates_of_sends(self.batch_sends, self.facts, self.clusters)))
         if self._has_facts("produce_batch"):  # batches with a producer id
-            found.append(sequence_findings(sequence_problems(self.facts)))
+            found.append(sequence_findings(sequence_problems(self.facts, self.clusters)))
         return functools.reduce(DataFrame.unionByName, found) if found else None
 
 
@@ -450,7 +466,7 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with progress.step("reading the capture"):
-            small, counts, part_rows = _read_small(audit, facts)
+            small, counts, part_rows, clusters = _read_small(audit, facts)
             report["captures"] = _captures([r for r in small if r["part"] == "connection"])
             if facts is not None:
                 report["decode"] = _decoded(counts)
@@ -458,7 +474,7 @@ def run_audit(spark: SparkSession, options: AuditOptions, progress: Progress | N
         with progress.step("running the checks"):
             decoded: dict[str, int] = report.get("decode", {}).get("facts", {})
             kinds = frozenset(k for k, n in decoded.items() if n)
-            run = _AuditRun(audit, facts, options, by_api, kinds, part_rows)
+            run = _AuditRun(audit, facts, options, by_api, kinds, part_rows, clusters)
             planned = {check: getattr(run, check)() for check in chosen}
             findings = {check: df for check, df in planned.items() if df is not None}
             anomalies = sum(n for part, n in part_rows.items() if part not in _SMALL and ":" not in part)

@@ -12,6 +12,7 @@ facts. They return result DataFrames; turning those into report findings is
 from __future__ import annotations
 
 from ._client_view import client_pairs, client_view
+from ._clusters import HOME, Clusters
 from ._latency import latencies, latency_by_api, latency_by_window, slow_requests
 from ._offsets import offset_losses
 from ._produce import attempts, batch_sends, duplicate_batches, duplicates_of_sends, sequence_problems
@@ -22,6 +23,8 @@ from ._windows import window_start
 __all__ = [
     "CATEGORIES",
     "GROUP_ACTIVITY",
+    "HOME",
+    "Clusters",
     "attempts",
     "batch_sends",
     "client_pairs",

@@ -20,9 +20,17 @@ DescribeCluster). A connection's cluster is, in this order:
 ``cluster_key`` is what the checks group and join by (never null: the cluster id, ``@``
 and the address of case 4, or empty), ``cluster_id`` what they report. A connection the
 facts have no ``connection`` row for has no address and named nothing.
+
+The rules need every connection of the audit, but only its few distinct homes (address
+and cluster named): :class:`Clusters` resolves them on the driver, from rows the job's
+first action collects anyway. An audit of one cluster, the usual case, then costs the
+checks no join at all, and one of several a broadcast join with a local table of the homes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -33,43 +41,85 @@ KEY = "cluster_key"
 _CONNECTION = ["capture_id", "connection_id"]
 
 
+@dataclass(frozen=True)
+class Clusters:
+    """The clusters of an audit, resolved per home (upstream address, cluster named) by the
+    module's rules: ``homes`` maps each to its ``cluster_id`` and :data:`KEY`; ``only`` is
+    the one cluster of an audit that names at most one (None: none named), which needs no
+    per-connection lookup at all (``single``)."""
+
+    homes: dict[tuple[str | None, str | None], tuple[str | None, str]]
+    single: bool
+    only: str | None
+
+    @classmethod
+    def of_homes(cls, homes: Iterable[tuple[str | None, str | None]]) -> Clusters:
+        """Resolve each distinct (upstream address, cluster named) pair seen."""
+        seen = set(homes) | {(None, None)}  # a connection without a connection fact
+        by_address: dict[str | None, set[str]] = {}
+        for address, named in seen:
+            if named is not None:
+                by_address.setdefault(address, set()).add(named)
+        every = {named for _, named in seen if named is not None}
+        single = len(every) <= 1
+        only = next(iter(every)) if len(every) == 1 else None
+        resolved: dict[tuple[str | None, str | None], tuple[str | None, str]] = {}
+        for address, named in seen:
+            at_address = by_address.get(address, set())
+            cluster = named or (next(iter(at_address)) if len(at_address) == 1 else None) or only
+            if cluster is not None:
+                key = cluster
+            else:
+                key = f"@{address}" if not single and address is not None else ""
+            resolved[(address, named)] = (cluster, key)
+        return cls(resolved, single, only)
+
+    @classmethod
+    def of(cls, facts: DataFrame) -> Clusters:
+        """From the facts' ``connection`` rows (one Spark action; the job has them already)."""
+        rows = connection_homes(facts).select(*HOME).distinct().collect()
+        return cls.of_homes((row["upstream_address"], row["cluster_id"]) for row in rows)
+
+
 def connection_homes(facts: DataFrame) -> DataFrame:
     """``capture_id, connection_id, upstream_address, cluster_id`` (the cluster its answers
     named) per connection: the facts' ``connection`` rows."""
     return facts.filter(F.col("fact") == "connection").select(*_CONNECTION, *HOME)
 
 
-def resolve(rows: DataFrame, facts: DataFrame) -> DataFrame:
+def resolve(rows: DataFrame, clusters: Clusters) -> DataFrame:
     """``rows``, which carry a connection's home (:data:`HOME`), with ``cluster_id`` its
     cluster as far as the audit can tell and :data:`KEY` (see the module)."""
-    named = connection_homes(facts).filter(F.col("cluster_id").isNotNull())
-    by_address = named.groupBy("upstream_address").agg(F.collect_set("cluster_id").alias("_named"))
-    addresses = by_address.select(
-        "upstream_address", F.when(F.size("_named") == 1, F.get("_named", 0)).alias("_address_cluster")
+    if clusters.single:
+        return rows.withColumn("cluster_id", F.lit(clusters.only).cast("string")).withColumn(
+            KEY, F.lit(clusters.only or "")
+        )
+    table = rows.sparkSession.createDataFrame(
+        [(address, named, cluster, key) for (address, named), (cluster, key) in clusters.homes.items()],
+        "_address string, _named string, _cluster string, _key string",
     )
-    clusters = named.agg(F.collect_set("cluster_id").alias("_all")).select(
-        (F.size("_all") <= 1).alias("_one"),
-        F.get("_all", 0).alias("_only"),  # null when empty
+    same = (F.col("upstream_address").eqNullSafe(F.col("_address"))) & F.col("cluster_id").eqNullSafe(
+        F.col("_named")
     )
-    joined = rows.join(F.broadcast(addresses), "upstream_address", "left").crossJoin(F.broadcast(clusters))
-    cluster = F.coalesce(
-        F.col("cluster_id"), F.col("_address_cluster"), F.when(F.col("_one"), F.col("_only"))
-    )
-    key = F.coalesce(cluster, F.when(~F.col("_one"), F.concat(F.lit("@"), "upstream_address")), F.lit(""))
+    joined = rows.join(F.broadcast(table), same, "left")
     return (
-        joined.withColumn("cluster_id", cluster)
-        .withColumn(KEY, key)
-        .drop("_address_cluster", "_one", "_only")
+        joined.withColumn("cluster_id", F.col("_cluster"))
+        .withColumn(KEY, F.coalesce(F.col("_key"), F.lit("")))
+        .drop("_address", "_named", "_cluster", "_key")
     )
 
 
-def with_homes(rows: DataFrame, facts: DataFrame) -> DataFrame:
+def with_homes(rows: DataFrame, facts: DataFrame, clusters: Clusters) -> DataFrame:
     """``rows`` of facts (of any connection) with their connection's home (:data:`HOME`), in
-    place of any they had (null without a ``connection`` fact)."""
-    return rows.drop(*HOME).join(F.broadcast(connection_homes(facts)), _CONNECTION, "left")
+    place of any they had (null without a ``connection`` fact, and in an audit of one
+    cluster, where the home decides nothing)."""
+    rows = rows.drop(*HOME)
+    if clusters.single:
+        return rows.select("*", *(F.lit(None).cast("string").alias(name) for name in HOME))
+    return rows.join(F.broadcast(connection_homes(facts)), _CONNECTION, "left")
 
 
-def by_connection(rows: DataFrame, facts: DataFrame) -> DataFrame:
+def by_connection(rows: DataFrame, facts: DataFrame, clusters: Clusters) -> DataFrame:
     """``rows`` of facts (of any connection) with their connection's ``cluster_id`` and
     :data:`KEY` (:func:`resolve`)."""
-    return resolve(with_homes(rows, facts), facts)
+    return resolve(with_homes(rows, facts, clusters), clusters)

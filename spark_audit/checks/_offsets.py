@@ -27,7 +27,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
-from spark_audit.checks._clusters import KEY, by_connection
+from spark_audit.checks._clusters import KEY, Clusters, by_connection
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 _PLACE = ["group_id", "topic", "partition"]
@@ -167,14 +167,15 @@ def _visible() -> Column:
     return ~(F.col("transactional") & ~F.coalesce(F.col("require_stable"), F.lit(False)) & early)
 
 
-def offset_losses(facts: DataFrame) -> DataFrame:
+def offset_losses(facts: DataFrame, clusters: Clusters | None = None) -> DataFrame:
     """One row per lost group partition: ``last_offset`` committed (at ``committed_wall_ns``),
     the first fetch that found none (``wall_ns``, its capture and connection), how many
     such fetches, ``deleted_wall_ns`` of a DeleteGroups for the group or an OffsetDelete for
     the partition in between (else null), and ``cluster_id``: the cluster of the group's
     commits and fetches (:mod:`._clusters`; null: a broker that named none, in an audit of
     more than one cluster)."""
-    facts = by_connection(facts.filter(F.col("fact").isin(*OFFSET_FACTS)), facts)
+    clusters = clusters or Clusters.of(facts)
+    facts = by_connection(facts.filter(F.col("fact").isin(*OFFSET_FACTS)), facts, clusters)
     commits = successful_commits(facts).select(
         *_PARTITION,
         F.col("offset").alias("committed"),

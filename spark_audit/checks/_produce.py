@@ -34,7 +34,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from protocol import ApiKey
-from spark_audit.checks._clusters import HOME, KEY, resolve, with_homes
+from spark_audit.checks._clusters import HOME, KEY, Clusters, resolve, with_homes
 
 _CALL = ["capture_id", "connection_id", "correlation_id"]
 BATCH = ["topic", "partition", "crc", "record_count", "first_timestamp", "batch_length"]
@@ -44,13 +44,13 @@ _FIRST = ["wall_ns", "capture_id", "connection_id", "correlation_id"]
 SEQUENCE_WRAP = 1 << 31
 
 
-def attempts(facts: DataFrame) -> DataFrame:
+def attempts(facts: DataFrame, clusters: Clusters | None = None) -> DataFrame:
     """Each record batch in each Produce request, with ``acknowledged`` (its partition's answer
     was error 0; null when no answer was captured), which the per-connection pass put on the
     batch's row (:func:`spark_audit.connections.merge_acks`), and its connection's home
     (:data:`HOME`: upstream address, the cluster its answers named)."""
     batches = facts.filter((F.col("fact") == "produce_batch") & (F.col("api_key") == ApiKey.PRODUCE))
-    return with_homes(batches, facts).select(
+    return with_homes(batches, facts, clusters or Clusters.of(facts)).select(
         *_CALL,
         "seq",
         "wall_ns",
@@ -100,19 +100,20 @@ def batch_sends(tries: DataFrame) -> DataFrame:
     )
 
 
-def duplicate_batches(facts: DataFrame) -> DataFrame:
+def duplicate_batches(facts: DataFrame, clusters: Clusters | None = None) -> DataFrame:
     """Batches without a producer id sent more than once in one cluster: ``kind``
     appended_twice or possible_duplicate, ``sends``, ``acknowledged`` and ``unanswered``
     (counts), ``corrfix_resends``, first and last send, ``cluster_id``."""
-    return duplicates_of_sends(batch_sends(attempts(facts)), facts)
+    clusters = clusters or Clusters.of(facts)
+    return duplicates_of_sends(batch_sends(attempts(facts, clusters)), facts, clusters)
 
 
-def duplicates_of_sends(sends: DataFrame, facts: DataFrame) -> DataFrame:
+def duplicates_of_sends(sends: DataFrame, facts: DataFrame, clusters: Clusters | None = None) -> DataFrame:
     """:func:`duplicate_batches` from :func:`batch_sends` rows, or from partial sums of them:
     each home's cluster is resolved (:func:`resolve`) before the sums of one cluster's
     batch are added up."""
     grouped = (
-        resolve(sends, facts)
+        resolve(sends, clusters or Clusters.of(facts))
         .groupBy(KEY, "cluster_id", *BATCH)
         .agg(
             F.sum("sends").alias("sends"),
@@ -145,13 +146,13 @@ _PRODUCER = [KEY, "producer_id", "producer_epoch", "topic", "partition"]
 """A producer's partition, in one cluster: its sequences follow one another."""
 
 
-def _idempotent_batches(facts: DataFrame) -> DataFrame:
+def _idempotent_batches(facts: DataFrame, clusters: Clusters) -> DataFrame:
     """The idempotent batches sent, one row per distinct batch (producer id, epoch, topic,
     partition, base sequence, CRC): its ``first`` send, ``sends``, ``record_count``,
     ``given_back`` (every send of it answered with an error that appended nothing, its
     sequences free again) and ``state_lost`` (a send of it answered UNKNOWN_PRODUCER_ID)."""
-    idempotent = attempts(facts).filter((F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0))
-    idempotent = resolve(idempotent, facts)
+    idempotent = attempts(facts, clusters).filter((F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0))
+    idempotent = resolve(idempotent, clusters)
     answer_errors = facts.filter((F.col("fact") == "error") & (F.col("api_key") == ApiKey.PRODUCE)).select(
         *_CALL, "topic", "partition", "error_code"
     )
@@ -188,13 +189,13 @@ def _restarted() -> Column:
     return restart | F.coalesce(F.lag("given_back").over(same_base) == 1, F.lit(False))
 
 
-def sequence_problems(facts: DataFrame) -> DataFrame:
+def sequence_problems(facts: DataFrame, clusters: Clusters | None = None) -> DataFrame:
     """Idempotent batches out of sequence, per cluster: ``kind`` sequence_gap, sequence_reused
     or retried, and ``cluster_id``.
 
     A different batch that takes sequences the broker does not hold is no reuse: those of
     a batch it refused, or from 0 after it lost the producer's state (:func:`_restarted`)."""
-    distinct = _idempotent_batches(facts)
+    distinct = _idempotent_batches(facts, clusters or Clusters.of(facts))
     order = Window.partitionBy(*_PRODUCER).orderBy("first.wall_ns", "base_sequence")
     previous_end = F.lag((F.col("base_sequence").cast("long") + F.col("record_count")) % SEQUENCE_WRAP).over(
         order

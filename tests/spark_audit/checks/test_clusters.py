@@ -3,7 +3,7 @@ its upstream address's, else the audit's only one, else none and apart per addre
 
 from __future__ import annotations
 
-from spark_audit.checks._clusters import KEY, by_connection
+from spark_audit.checks._clusters import KEY, Clusters, by_connection
 from tests.support.audit_builders import connection_fact, fact, facts_df
 
 
@@ -15,7 +15,7 @@ def clusters(spark, homes: list[dict]) -> dict[str, tuple]:
         for c in [*(h["connection_id"] for h in homes), "z"]
     ]
     facts = facts_df(spark, homes + seen)
-    rows = by_connection(facts.filter("fact = 'group'"), facts).collect()
+    rows = by_connection(facts.filter("fact = 'group'"), facts, Clusters.of(facts)).collect()
     return {r.connection_id: (r.cluster_id, r[KEY]) for r in rows}
 
 
@@ -46,3 +46,20 @@ def test_with_one_cluster_every_connection_is_its(spark):
     got = clusters(spark, [connection_fact("ma", "a1:9092", "A"), connection_fact("x", "x1:9092")])
     assert got == {"ma": ("A", "A"), "x": ("A", "A"), "z": ("A", "A")}
     assert clusters(spark, [connection_fact("x", "x1:9092")]) == {"x": (None, ""), "z": (None, "")}
+
+
+def test_the_homes_are_resolved_on_the_driver_by_the_same_rules():
+    homes = [("a1:9092", "A"), ("a1:9092", None), ("b1:9092", "B"), ("a1:9092", "B"), ("x1:9092", None)]
+    resolved = Clusters.of_homes(homes)
+    assert not resolved.single
+    assert resolved.homes == {
+        ("a1:9092", "A"): ("A", "A"),
+        ("a1:9092", None): (None, "@a1:9092"),  # a1 named two clusters: it names none
+        ("b1:9092", "B"): ("B", "B"),
+        ("a1:9092", "B"): ("B", "B"),
+        ("x1:9092", None): (None, "@x1:9092"),
+        (None, None): (None, ""),  # a connection without a connection fact
+    }
+    one = Clusters.of_homes([("a1:9092", "A"), ("x1:9092", None)])
+    assert one.single and one.only == "A" and one.homes[("x1:9092", None)] == ("A", "A")
+    assert Clusters.of_homes([]) == Clusters({(None, None): (None, "")}, True, None)
