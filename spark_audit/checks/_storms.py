@@ -232,15 +232,17 @@ def error_storms(facts: DataFrame, window_s: float, threshold: int) -> DataFrame
 
 def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     """Per consumer group and window: ``joins``, ``syncs``, ``leaves``, ``heartbeats``,
-    ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors``,
-    ``capture_ids`` and ``storm`` (at least ``threshold`` generations in the window).
+    ``generations`` (sorted ids handed out), ``members``, ``rebalance_errors`` (answers to
+    the group's requests with a rebalance error, OffsetCommits refused for one included:
+    ILLEGAL_GENERATION, STALE_MEMBER_EPOCH...), ``capture_ids`` and ``storm`` (at least
+    ``threshold`` generations in the window).
 
     A ConsumerGroupHeartbeat (KIP-848) is a join when it sends member epoch 0, a leave when
     it sends -1 or -2, else a heartbeat; its answer hands out a generation (the group epoch
     the member moves to) only when the member epoch differs from the one sent: the same
     epoch is a member at rest, however often it heartbeats."""
     groups = facts.filter((F.col("fact") == "group") & (F.col("direction") == "request"))
-    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE)).select(
+    requests = groups.filter(F.col("api_key").isin(*GROUP_LIFE, ApiKey.OFFSET_COMMIT)).select(
         *_JOIN,
         "group_id",
         "wall_ns",
@@ -249,7 +251,7 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     )
     answers = facts.filter(
         (F.col("direction") == "response")
-        & F.col("api_key").isin(*GROUP_LIFE)
+        & F.col("api_key").isin(*GROUP_LIFE, ApiKey.OFFSET_COMMIT)
         & F.col("fact").isin("generation", "error")
     ).select(
         *_JOIN, "fact", "generation_id", "member_id", "error_code", F.col("wall_ns").alias("answer_wall_ns")
@@ -260,13 +262,16 @@ def rebalances(facts: DataFrame, window_s: float, threshold: int) -> DataFrame:
     moved = ~heartbeat | (F.col("generation_id") != F.col("sent_epoch"))
     joined_ok = (F.col("fact") == "generation") & (F.col("error_code") == 0) & moved
     member = F.coalesce(F.col("member_id"), F.col("sent_member_id"))  # an answer at rest names none
+    refused = F.when((F.col("fact") == "error") & F.col("error_code").isin(*rebalance_codes), 1)
+    commit = F.col("api_key") == ApiKey.OFFSET_COMMIT
     per_request = named.groupBy(*_JOIN, "group_id", "wall_ns", "sent_epoch").agg(
         F.max(F.when(joined_ok, F.col("generation_id"))).alias("generation_id"),
         F.max(F.when(joined_ok, member)).alias("member_id"),
-        F.count(F.when((F.col("fact") == "error") & F.col("error_code").isin(*rebalance_codes), 1)).alias(
-            "errors"
-        ),
+        # an OffsetCommit answer carries its error on every partition: one per request
+        F.when(commit, F.max(F.coalesce(refused, F.lit(0)))).otherwise(F.count(refused)).alias("errors"),
     )
+    # Commits count only when the group refused them for a rebalance: the others are a group at rest.
+    per_request = per_request.filter(~commit | (F.col("errors") > 0))
     counted = per_request.groupBy(
         "group_id", window_start(F.col("wall_ns"), window_s).alias("window_start_ns")
     )

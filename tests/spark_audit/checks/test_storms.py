@@ -353,6 +353,25 @@ def test_consumer_protocol_errors_count_as_rebalance_errors(spark):
     assert (group.joins, group.generations, group.rebalance_errors) == (1, [], 3)
 
 
+def test_an_offset_commit_refused_for_a_rebalance_is_one_rebalance_error_of_its_group(spark):
+    # A classic consumer that took too long between polls commits with a generation the group
+    # has left (ILLEGAL_GENERATION, the Java client's CommitFailedException); one on the
+    # consumer protocol with an old member epoch (STALE_MEMBER_EPOCH, which only OffsetCommit
+    # and OffsetFetch are answered). Each partition of the answer carries the error.
+    def offset_commit(conn, seq, wall_ms, code, generation):
+        call = {"direction": "request", "api_key": 8, "cid": seq, "wall_ms": wall_ms}
+        request = fact(conn, seq, "group", **call, group_id="g", member_id="m1", generation_id=generation)
+        answer = {**call, "direction": "response", "wall_ms": wall_ms + 1, "error_code": code, "topic": "t"}
+        failed = [fact(conn, seq + 1 + p, "error", **answer, partition=p) for p in range(2)] if code else []
+        return [request, *failed]
+
+    rows = (
+        offset_commit("a", 1, 0, 22, 5) + offset_commit("b", 5, 10, 113, 7) + offset_commit("c", 9, 20, 0, 7)
+    )
+    [group] = rebalances(facts_df(spark, rows), 60, threshold=3).collect()
+    assert (group.group_id, group.joins, group.heartbeats, group.rebalance_errors) == ("g", 0, 0, 2)
+
+
 def test_a_static_member_fenced_by_its_own_instance_id_is_a_rebalance_error(spark):
     # FENCED_INSTANCE_ID: two consumers started with one group.instance.id (a copied config,
     # a pod started before its old self ended); the coordinator fences the older one at its
