@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-HOME = ["upstream_address", "cluster_id"]
-"""What the pass knows of a connection's cluster (:mod:`spark_audit.connections._clusters`)."""
+from spark_audit.connections import HOME
+
 KEY = "cluster_key"
 _CONNECTION = ["capture_id", "connection_id"]
 

@@ -23,6 +23,7 @@ from ._anomalies import (
 )
 from ._audit import AUDIT_AND_FACTS_SCHEMA, AUDIT_SCHEMA, PARTS, TABLE_COLUMN, audit_and_facts, audit_pass
 from ._batch_sends import BATCH_SENDS_SCHEMA, plain_batches, sum_sends
+from ._clusters import HOME
 from ._datasource import (
     FACTS_SPARK_SCHEMA,
     TRANSACTIONS_SOURCE,
@@ -77,6 +78,7 @@ __all__ = [
     "FACTS_SPARK_SCHEMA",
     "FACT_COLUMNS",
     "HEADER_COLUMNS",
+    "HOME",
     "INPUT_COLUMNS",
     "LATENCY_SCHEMA",
     "NS_PER_S",
