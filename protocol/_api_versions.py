@@ -43,8 +43,14 @@ NO_ERROR = 0
 UNSUPPORTED_VERSION = 35
 """Kafka's UNSUPPORTED_VERSION error code."""
 
-CAPPED_API_KEYS: frozenset[int] = REWRITTEN_API_KEYS | {ApiKey.API_VERSIONS}
+DECODED_RESPONSE_API_KEYS: frozenset[int] = REWRITTEN_API_KEYS | {ApiKey.API_VERSIONS}
 """The APIs whose responses the proxy must decode: those it rewrites, and ApiVersions itself."""
+
+CAPPED_API_KEYS: frozenset[int] = DECODED_RESPONSE_API_KEYS | {ApiKey.JOIN_GROUP}
+"""The APIs offered only in versions the proxy can read: those whose responses it decodes,
+and JoinGroup, whose request's rebalance timeout sets how long the proxy waits for its answer
+(a version it could not read would get the plain deadline and cut members off a long
+rebalance)."""
 
 
 NO_VERSION = -1
@@ -83,8 +89,8 @@ def _decodable_max_versions() -> dict[int, int]:
 
 def decodable_max_versions() -> dict[int, int]:
     """Per api key, the newest version the proxy can decode: Metadata, FindCoordinator,
-    DescribeCluster, Produce, Fetch and ApiVersions, and :data:`NO_VERSION` for ShareFetch and
-    ShareAcknowledge while kafka-python cannot read them, and then for ShareGroupHeartbeat,
+    DescribeCluster, Produce, Fetch, ApiVersions and JoinGroup, and :data:`NO_VERSION` for
+    ShareFetch and ShareAcknowledge while kafka-python cannot read them, and then for ShareGroupHeartbeat,
     which would let a share consumer into a group it cannot consume from. A fresh dict, safe
     to modify."""
     return dict(_decodable_max_versions())

@@ -38,7 +38,7 @@ from kafka.protocol.schemas.fields.codecs import (
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from protocol import ApiKey
-from protocol._api_versions import CAPPED_API_KEYS, cap_api_versions, decodable_max_versions
+from protocol._api_versions import DECODED_RESPONSE_API_KEYS, cap_api_versions, decodable_max_versions
 from protocol._encoding import encode_response
 from protocol._errors import FrameSizeError, ProtocolError
 from protocol._framing import SIZE_PREFIX, FrameDecoder
@@ -205,7 +205,7 @@ def response_seeds() -> tuple[Seed, ...]:
     """Every version of each response the proxy decodes: those carrying addresses, and ApiVersions."""
     rnd = random.Random(11)
     seeds = []
-    for api_key in sorted(CAPPED_API_KEYS):
+    for api_key in sorted(DECODED_RESPONSE_API_KEYS):
         cls = response_class(api_key)
         if cls is None:  # share groups: capped to no version, their answers refused unread
             continue
@@ -488,7 +488,7 @@ def one_case(rnd: random.Random) -> tuple[str, str]:
         # A response may be matched to any request the proxy tracked, right or wrong.
         api_key, version = seed.api_key, seed.api_version
         if rnd.random() < 0.1:
-            api_key = rnd.choice(sorted(CAPPED_API_KEYS))
+            api_key = rnd.choice(sorted(DECODED_RESPONSE_API_KEYS))
             version = rnd.randint(0, 20)
         return "response", response_target(mutate(seed.frame, rnd, other), api_key, version)
     if roll < 0.8:

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.schemas import BaseField, load_json
 
-from protocol import ApiKey, ProtocolError, parse_request_header, request_class, response_class
+from protocol import (
+    ApiKey,
+    ProtocolError,
+    join_group_rebalance_timeout_ms,
+    parse_request_header,
+    request_class,
+    response_class,
+)
 from protocol._api_versions import (
     LIBRDKAFKA_TAG_SKIP_FIXED,
     UNSUPPORTED_VERSION,
@@ -34,6 +41,7 @@ from tests.support.api_versions_samples import (
     librdkafka_reads,
     ranges,
 )
+from tests.support.kafka_frames import join_group_request
 from tests.support.message_strategies import messages
 
 CAPPED = {
@@ -41,6 +49,7 @@ CAPPED = {
     1: "Fetch",
     3: "Metadata",
     10: "FindCoordinator",
+    11: "JoinGroup",  # its request is read for the rebalance timeout the deadline waits out
     18: "ApiVersions",
     60: "DescribeCluster",
     76: "ShareGroupHeartbeat",  # no use without ShareFetch: no version while that has none
@@ -121,6 +130,19 @@ def test_a_share_consumer_is_not_let_into_a_share_group_it_could_not_fetch_from(
     )
     kept = decode(cap_api_versions(frame, 3, decodable_max_versions()), 3)
     assert [entry.api_key for entry in kept.api_keys] == [ApiKey.SHARE_GROUP_DESCRIBE]
+
+
+def test_join_group_is_offered_only_in_versions_whose_rebalance_timeout_can_be_read():
+    """The deadline of a JoinGroup counts from the end of its rebalance timeout, read from the
+    request. A version kafka-python could not read would give 0, and the plain deadline would
+    cut every member off a rebalance that waits for a slow one (max.poll.interval.ms)."""
+    newest = request_class(ApiKey.JOIN_GROUP).max_version
+    offered = CLS.ApiVersion(version=3, api_key=ApiKey.JOIN_GROUP, min_version=0, max_version=newest + 1)
+    frame = frame_of(CLS(version=3, error_code=0, throttle_time_ms=0, api_keys=[offered]))
+    (entry,) = decode(cap_api_versions(frame, 3, decodable_max_versions()), 3).api_keys
+    assert (entry.min_version, entry.max_version) == (0, newest)
+    request = join_group_request(newest, rebalance_timeout_ms=600_000)
+    assert join_group_rebalance_timeout_ms(request, parse_request_header(request)) == 600_000
 
 
 @settings(max_examples=120, deadline=None)

@@ -11,6 +11,26 @@ from protocol import ApiKey
 from protocol.testing import encode_request, encode_response
 
 
+def join_group_request(
+    version: int,
+    rebalance_timeout_ms: int,
+    session_timeout_ms: int = 10_000,
+    member_id: str = "",
+    correlation_id: int = 7,
+) -> bytes:
+    """A JoinGroup of group "g" as a consumer sends it; v0 has no rebalance timeout of its own."""
+    fields = {"rebalance_timeout_ms": rebalance_timeout_ms} if version >= 1 else {}
+    message = protocol.request_class(ApiKey.JOIN_GROUP)[version](
+        group_id="g",
+        session_timeout_ms=session_timeout_ms,
+        member_id=member_id,
+        protocol_type="consumer",
+        protocols=[],
+        **fields,
+    )
+    return encode_request(message, correlation_id, "c")
+
+
 @dataclass(frozen=True)
 class Exchange:
     """One request and (unless acks=0) its response."""

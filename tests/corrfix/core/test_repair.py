@@ -13,6 +13,7 @@ from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 from corrfix.core import MAX_CORRELATION_ID, RepairConfig, RepairKind, RepairMachine
 from protocol import ApiKey, ProtocolError, request_class
 from protocol.testing import encode_request, encode_response, request_frame, response_frame
+from tests.support.kafka_frames import join_group_request
 from tests.support.produce_frames import produce_frame, record_batch
 from tests.support.repair_model import (
     DELAY,
@@ -396,17 +397,7 @@ def test_request_deadline_gives_up():
 
 
 def join_group(version: int, rebalance_timeout_ms: int, session_timeout_ms: int = 10_000) -> bytearray:
-    """A JoinGroup as a consumer sends it; v0 has no rebalance timeout of its own."""
-    fields = {"rebalance_timeout_ms": rebalance_timeout_ms} if version >= 1 else {}
-    message = request_class(ApiKey.JOIN_GROUP)[version](
-        group_id="g",
-        session_timeout_ms=session_timeout_ms,
-        member_id="",
-        protocol_type="consumer",
-        protocols=[],
-        **fields,
-    )
-    return bytearray(encode_request(message, 7, "c"))
+    return bytearray(join_group_request(version, rebalance_timeout_ms, session_timeout_ms))
 
 
 @pytest.mark.parametrize("version", range(request_class(ApiKey.JOIN_GROUP).max_version + 1))

@@ -16,6 +16,7 @@ from tests.support.audit_builders import (
     txn_offset_commit_facts,
 )
 from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
+from tests.support.kafka_frames import join_group_request
 
 
 def facts_of(frame: bytes, api_key: int, version: int, direction: str) -> list[dict]:
@@ -143,16 +144,7 @@ def test_metadata_and_describe_cluster_answers_name_their_cluster():
 
 
 def test_group_requests_name_their_group():
-    join = request_class(11)(
-        version=5,
-        group_id="g",
-        session_timeout_ms=6000,
-        rebalance_timeout_ms=6000,
-        member_id="m",
-        protocol_type="consumer",
-        protocols=[],
-    )
-    assert facts_of(encode_request(join, 1), 11, 5, "request") == [
+    assert facts_of(join_group_request(5, 6000, 6000, member_id="m"), 11, 5, "request") == [
         {"fact": "group", "group_id": "g", "member_id": "m", "generation_id": None}
     ]
     delete = request_class(42)(version=1, groups_names=["a", "b"])
