@@ -175,14 +175,16 @@ def every_request_schema() -> dict[int, ApiSchema]:
 
 
 def api_name(api_key: int) -> str:
-    """A readable name for logs and metrics; unknown keys stay numeric."""
-    schema = api_schemas().get(api_key)
+    """A readable name for logs and metrics; keys Kafka never defined stay numeric."""
+    schema = every_request_schema().get(api_key)
     return schema.name if schema else f"api_{api_key}"
 
 
 def is_flexible(api_key: int, api_version: int) -> bool | None:
-    """Whether this API version uses flexible (compact, tagged) encoding; None if unknown."""
-    schema = api_schemas().get(api_key)
+    """Whether this API version uses flexible (compact, tagged) encoding; None for a key Kafka
+    never defined. Keys kafka-python cannot decode count too (a KIP-848 consumer's
+    heartbeats): their headers are read, and a header-only capture keeps them whole."""
+    schema = every_request_schema().get(api_key)
     if schema is None:
         return None
     return schema.is_flexible(api_version)

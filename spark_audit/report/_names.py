@@ -8,7 +8,7 @@ import kafka.errors
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from protocol import api_name, api_schemas
+from protocol import api_name, every_request_schema
 
 ERROR_NAMES_OVERRIDE = {6: "NOT_LEADER_OR_FOLLOWER"}  # kafka-python still says NOT_LEADER_FOR_PARTITION
 
@@ -23,7 +23,7 @@ def error_name(code: int) -> str:
 
 def api_name_column(api_key: Column) -> Column:
     """The api's name (``Produce``), ``api_N`` for unknown keys, ``?`` for null."""
-    names = sorted((key, schema.name) for key, schema in api_schemas().items())
+    names = sorted((key, schema.name) for key, schema in every_request_schema().items())
     # Two array literals, not a literal per key: each literal is a call into the JVM.
     mapping = F.map_from_arrays(F.lit([k for k, _ in names]), F.lit([v for _, v in names]))
     return F.coalesce(

@@ -26,6 +26,7 @@ from protocol._headers import (
     response_header_version,
 )
 from protocol.testing import encode_request, encode_response, encode_uvarint
+from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
 
 ALL_CASES = [(k, v) for k in sorted(api_schemas()) for v in range(request_class(k).max_version + 1)]
 FLEXIBLE_CASES = [(k, v) for k, v in ALL_CASES if is_flexible(k, v)]
@@ -284,10 +285,7 @@ def test_controlled_shutdown_v0_has_header_v0():
     assert header.body_offset == 12
 
 
-@pytest.mark.parametrize(
-    ("api_key", "version"),
-    [(ApiKey.CONTROLLED_SHUTDOWN, 1), (ApiKey.CONTROLLED_SHUTDOWN, 3), (4, 0), (999, 2)],
-)
+@pytest.mark.parametrize(("api_key", "version"), [(999, 2), (1000, 0), (32767, 5)])
 def test_unknown_api_reads_client_id_but_cannot_locate_body(api_key, version):
     assert request_header_version(api_key, version) is None
     raw = api_key.to_bytes(2, "big") + version.to_bytes(2, "big") + b"\x00\x00\x00\x01" + b"\x00\x03xyz"
@@ -312,6 +310,32 @@ def test_api_versions_response_header_is_always_v0(version):
 
 def test_response_header_version_of_unknown_api_is_v0():
     assert response_header_version(999, 5) == 0
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "header_version"),
+    [(ApiKey.CONTROLLED_SHUTDOWN, 1, 1), (ApiKey.CONTROLLED_SHUTDOWN, 3, 2), (ApiKey.LEADER_AND_ISR, 0, 1)],
+)
+def test_headers_of_apis_kafka_python_cannot_decode_are_located(api_key, version, header_version):
+    """Kafka defined these (inter-broker, KRaft, KIP-848, share groups), so their header
+    versions are known from its schemas even where kafka-python has no class for the body."""
+    assert request_header_version(api_key, version) == header_version
+    tags = b"\x00" if header_version == 2 else b""
+    raw = (
+        api_key.to_bytes(2, "big") + version.to_bytes(2, "big") + b"\x00\x00\x00\x01" + b"\x00\x03xyz" + tags
+    )
+    header = parse_request_header(frame(raw + b"\x01\x02\x03"))
+    assert (header.client_id, header.body_offset) == ("xyz", 4 + len(raw))
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_a_kip_848_heartbeat_has_flexible_headers_both_ways(version):
+    """A KIP-848 consumer heartbeats with ConsumerGroupHeartbeat, flexible from v0: request
+    header v2 and response header v1, each with a tag byte a rigid header lacks."""
+    request = heartbeat_request(3, "g", "m", 0, version=version, client_id="xyz")
+    assert parse_request_header(request).body_offset == 4 + 8 + 2 + 3 + 1
+    answer = heartbeat_answer(3, 1)
+    assert response_body_offset(answer, ApiKey.CONSUMER_GROUP_HEARTBEAT, version) == 4 + 4 + 1
 
 
 @pytest.mark.parametrize(("api_key", "version"), BOUNDARY_CASES)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol._schemas import ApiSchema, api_name, api_schemas, is_flexible, request_class, response_class
+from protocol import api_name, api_schemas, every_request_schema, is_flexible, request_class, response_class
+from protocol._schemas import ApiSchema
 
 NO_FLEX = (-1, -1)
 OPEN = 32767
@@ -46,8 +47,19 @@ KNOWN = {
     60: ("DescribeCluster", 0),
 }
 
-# Keys kafka-python ships no schema for (inter-broker APIs and the like).
-UNKNOWN_KEYS = [4, 5, 6, 7, 1000, 32767, -1]
+# Keys no Kafka release defined.
+UNKNOWN_KEYS = [1000, 32767, -1]
+
+# Keys kafka-python ships no schema for (inter-broker APIs, KRaft, KIP-848, share groups):
+# api key -> (name, first flexible version or None), from Apache Kafka's JSON schemas.
+KAFKA_ONLY = {
+    4: ("LeaderAndIsr", 4),
+    7: ("ControlledShutdown", 3),
+    52: ("Vote", 0),
+    68: ("ConsumerGroupHeartbeat", 0),
+    76: ("ShareGroupHeartbeat", 0),
+    88: ("StreamsGroupHeartbeat", 0),
+}
 
 
 @pytest.mark.parametrize(("api_key", "name", "first_flexible"), [(k, *v) for k, v in KNOWN.items()])
@@ -89,11 +101,29 @@ def test_api_schemas_is_cached():
 
 @pytest.mark.parametrize("api_key", UNKNOWN_KEYS)
 def test_unknown_keys(api_key):
-    assert api_key not in api_schemas()
+    assert api_key not in every_request_schema()
     assert api_name(api_key) == f"api_{api_key}"
     assert is_flexible(api_key, 0) is None
     assert request_class(api_key) is None
     assert response_class(api_key) is None
+
+
+@pytest.mark.parametrize(("api_key", "name", "first_flexible"), [(k, *v) for k, v in KAFKA_ONLY.items()])
+def test_keys_kafka_python_cannot_decode_still_have_their_name_and_flexible_range(
+    api_key, name, first_flexible
+):
+    """Their bodies stay opaque, but their headers are read right: a KIP-848 consumer's
+    heartbeats have flexible headers (a tag byte more in each), and logs and metrics name
+    them rather than saying api_68."""
+    assert api_key not in api_schemas()
+    assert request_class(api_key) is None
+    assert api_name(api_key) == name
+    if first_flexible is None:
+        assert is_flexible(api_key, 0) is False
+        return
+    if first_flexible > 0:
+        assert is_flexible(api_key, first_flexible - 1) is False
+    assert is_flexible(api_key, first_flexible) is True
 
 
 @settings(max_examples=50)
@@ -101,7 +131,7 @@ def test_unknown_keys(api_key):
 def test_api_name_is_never_empty(api_key):
     name = api_name(api_key)
     assert name
-    assert (api_key in api_schemas()) == (name != f"api_{api_key}")
+    assert (api_key in every_request_schema()) == (name != f"api_{api_key}")
 
 
 def test_not_flexible_never_matches_negative_versions():

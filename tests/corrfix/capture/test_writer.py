@@ -34,6 +34,7 @@ from corrfix.proxy._logs import configure_logging
 from protocol import ApiKey, parse_request_header
 from protocol.testing import encode_request, encode_response, request_frame, response_frame
 from tests.support.capture_shell import Shell, run_repair_scenario
+from tests.support.consumer_group_frames import heartbeat_answer, heartbeat_request
 from tests.support.refusing_output import RefusingOutput
 
 
@@ -99,20 +100,24 @@ def test_rows_follow_ids_across_both_sides_through_repairs(tmp_path):
     assert (stale["api_key"], stale[uc], stale["reason"]) == (0, 4, "reply to acks=0 Produce")
 
 
+def captured_frames(directory: Path, snaplen: int, request: bytes, answer: bytes) -> list[dict]:
+    """The frame rows of one request and its answer, captured with ``snaplen``."""
+    writer = CaptureWriter(directory, snaplen=snaplen).start()
+    shell = Shell(writer)
+    shell.open()
+    shell.client_sends(request)
+    shell.broker_answers(answer)
+    writer.close()
+    return [r for r in rows_of(directory) if r["kind"] == "frame"]
+
+
 def test_snaplen_cuts_frames_and_zero_keeps_only_kafka_headers(tmp_path):
     request = encode_request(MetadataRequest[9](topics=None, allow_auto_topic_creation=False), 7, "client-x")
     response = encode_response(
         MetadataResponse[9](throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=[]), 0
     )
     for snaplen in (16, 0):
-        directory = tmp_path / str(snaplen)
-        writer = CaptureWriter(directory, snaplen=snaplen).start()
-        shell = Shell(writer)
-        shell.open()
-        shell.client_sends(request)
-        shell.broker_answers(response)
-        writer.close()
-        frames = [r for r in rows_of(directory) if r["kind"] == "frame"]
+        frames = captured_frames(tmp_path / str(snaplen), snaplen, request, response)
         assert [r["frame_length"] for r in frames] == [
             len(request),
             len(request),
@@ -131,6 +136,15 @@ def test_snaplen_cuts_frames_and_zero_keeps_only_kafka_headers(tmp_path):
             and frames[0]["api_version"] == 9
             and frames[0]["client_correlation_id"] == 7
         )
+
+
+def test_a_header_only_capture_keeps_a_kip_848_heartbeat_s_whole_headers(tmp_path):
+    """kafka-python cannot decode ConsumerGroupHeartbeat, but Kafka's schemas say its headers
+    are flexible from v0: the request's tag byte and the answer's are header, not body."""
+    request = heartbeat_request(7, "g", "m", 0, client_id="xyz")
+    frames = captured_frames(tmp_path, 0, request, heartbeat_answer(0, 1))
+    assert frames[0]["frame"] == request[: 4 + 8 + 2 + 3 + 1]  # size, fixed header, client id, tags
+    assert [len(r["frame"]) for r in frames] == [18, 18, 9, 9]  # upstream: the proxy's id
 
 
 def test_a_file_is_readable_up_to_its_last_flush_while_the_writer_runs(tmp_path):

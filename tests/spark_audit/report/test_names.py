@@ -9,9 +9,9 @@ from spark_audit.report import api_name_column, error_name
 
 
 def test_api_names_for_known_unknown_and_missing_keys(spark: SparkSession):
-    df = spark.createDataFrame([(0,), (18,), (999,), (None,)], "api_key short")
+    df = spark.createDataFrame([(0,), (18,), (68,), (999,), (None,)], "api_key short")
     got = [row[0] for row in df.select(api_name_column(F.col("api_key"))).collect()]
-    assert got == ["Produce", "ApiVersions", "api_999", "?"]
+    assert got == ["Produce", "ApiVersions", "ConsumerGroupHeartbeat", "api_999", "?"]
 
 
 def test_error_names_use_the_current_kafka_name():
