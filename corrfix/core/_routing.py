@@ -123,8 +123,16 @@ class ClusterRouter:
     def _listen_for(self, node_id: int) -> int:
         if len(self.listener_ports) >= self.max_brokers:
             raise RoutingError(f"broker node id {node_id} would be broker number {self.max_brokers + 1}")
+        port = self.ports.fixed_port(node_id) or 0
+        if port and port in {address.port for address in self._own_addresses()}:
+            # Bound with SO_REUSEPORT (--workers), a second listener on a port shares it: the
+            # kernel would hand some of this broker's connections to another broker's relay.
+            raise RoutingError(
+                f"broker node id {node_id}'s port {port} is already a proxy listener "
+                "(--listen, or another broker's): check --broker-port and --broker-port-base"
+            )
         try:
-            listener = self._allocate(node_id, self.ports.fixed_port(node_id) or 0)
+            listener = self._allocate(node_id, port)
         except OSError as exc:
             raise RoutingError(f"no listener for broker node id {node_id}: {exc}") from exc
         self.listener_ports[node_id] = listener

@@ -97,6 +97,7 @@ async def start_stack(
     *,
     repair: RepairConfig | None = None,
     engine: bool = True,
+    reuse_port: bool = False,
     **cluster_options: object,
 ) -> Stack:
     changes = Changes()
@@ -108,6 +109,7 @@ async def start_stack(
         Address(LOOPBACK, cluster.brokers[cluster.node_ids[0]].port),
         repair=repair or RepairConfig(),
         engine=engine,
+        reuse_port=reuse_port,
     )
     proxy = Proxy(config, observer=view)
     bound = await nursery.start(proxy.serve)

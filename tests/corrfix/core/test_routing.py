@@ -20,6 +20,8 @@ import pytest
 import trio
 from kafka.record import MemoryRecordsBuilder
 
+from corrfix._netutil import free_ports
+from corrfix.core import BrokerPorts
 from protocol import ApiKey, decodable_max_versions, request_class
 from tests.support.client_view import SeenAddress, addresses_in
 from tests.support.cluster_harness import RawClient, Stack, assert_only_listeners, in_thread
@@ -370,3 +372,21 @@ async def test_batched_find_coordinator_names_the_listener_for_every_key(version
     ]
     # Only the coordinator was learned: its listener exists before any client can use it.
     assert set(stack.router.listener_ports) == {2}
+
+
+async def test_a_broker_port_on_a_shared_listen_port_is_refused_not_shared():
+    """With ``--workers`` (SO_REUSEPORT) a broker listener bound on the bootstrap port succeeds,
+    and the kernel then hands some of that broker's connections to the bootstrap listener,
+    which relays them to another broker. The answer naming it must be refused instead."""
+    with trio.fail_after(TEST_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            stack = await start_cluster_stack(nursery, topics={TOPIC: PARTITIONS}, reuse_port=True)
+            one, three = free_ports(2)
+            stack.router.ports = BrokerPorts(explicit={1: one, 3: three}, base=stack.port - 2)
+            client = await RawClient.connect(stack.port)
+            await client.send(metadata_request(12))
+            assert await client.stream.receive_some(65536) == b""  # closed, nothing relayed
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+    assert 2 not in stack.router.listener_ports
+    assert stack.router.listener_ports == {1: one}

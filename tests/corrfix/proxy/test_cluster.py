@@ -71,6 +71,34 @@ def test_a_broker_without_a_listener_is_a_protocol_error(ports, listeners, node_
     assert isinstance(caught.value, ProtocolError)  # the relay closes that one connection
 
 
+@pytest.mark.parametrize(
+    ("ports", "node_ids"),
+    [
+        (BrokerPorts(base=PROXY.port - 2), [2]),  # node 2 would take the bootstrap port
+        (BrokerPorts(explicit={1: 19_001, 2: 19_001}), [1, 2]),  # two brokers, one port
+        (BrokerPorts(explicit={3: 19_002}, base=19_000), [3, 2]),  # node 2's base port is node 3's
+    ],
+    ids=["base-onto-listen", "explicit-twice", "base-onto-explicit"],
+)
+def test_a_fixed_port_the_proxy_already_listens_on_is_refused(ports, node_ids):
+    """With ``--workers`` every listener is bound with SO_REUSEPORT, so binding it twice
+    succeeds and the kernel splits a broker's connections between two handlers: some relay to
+    another broker. The collision must be named, not bound."""
+    bound: set[int] = {PROXY.port}
+
+    def listen(node_id: int, port: int) -> int:
+        bound.add(port)
+        return port
+
+    r = ClusterRouter("proxy.example", ports, listen, lambda: {Address(PROXY.host, p) for p in bound})
+    *first, last = node_ids
+    for node_id in first:
+        r.map_address(node_id, f"b{node_id}", 9092)
+    with pytest.raises(RoutingError, match=f"node id {last}.* already"):
+        r.map_address(last, f"b{last}", 9092)
+    assert last not in r.listener_ports
+
+
 def test_a_cluster_cannot_make_the_proxy_open_unbounded_listeners():
     r = router(max_brokers=3)
     for node_id in range(3):
