@@ -10,6 +10,7 @@ not rewrite.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +42,23 @@ class RoutingError(ProtocolError):
     Passing the real address on would let the client bypass the proxy, so the answer is
     refused and the connection closed, like any other answer that cannot be relayed.
     """
+
+
+def _advertisable(host: str) -> str:
+    """The host clients are told, written as a broker writes it: an IPv6 literal without its
+    brackets (Kafka strips them from advertised.listeners; clients resolve the host as it
+    comes, and ``[::1]`` resolves to nothing), never a wildcard nor a ``HOST:PORT``."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if bare in WILDCARD_HOSTS:
+        raise ValueError("a wildcard address cannot be advertised to clients; set --advertised-host")
+    if bare != host or ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            raise ValueError(
+                f"--advertised-host takes a host name or address, without a port: got {host!r}"
+            ) from None
+    return bare
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +95,7 @@ class ClusterRouter:
         own_addresses: Callable[[], set[Address]],
         max_brokers: int = MAX_BROKERS,
     ) -> None:
-        if advertised_host in WILDCARD_HOSTS:
-            raise ValueError("a wildcard address cannot be advertised to clients; set --advertised-host")
-        self.advertised_host = advertised_host
+        self.advertised_host = _advertisable(advertised_host)
         self.ports = ports
         self._allocate = allocate
         """``allocate(node_id, port)`` binds a listener (port 0: any) and returns its port."""

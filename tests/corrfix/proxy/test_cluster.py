@@ -109,10 +109,31 @@ def test_a_cluster_cannot_make_the_proxy_open_unbounded_listeners():
     assert set(r.listener_ports) == {0, 1, 2}
 
 
-@pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "[::]"])
 def test_a_wildcard_is_never_advertised(host):
     with pytest.raises(ValueError, match="--advertised-host"):
         ClusterRouter(host, BrokerPorts(), Listeners(), set)
+
+
+@pytest.mark.parametrize(
+    ("given", "told"),
+    [("[::1]", "::1"), ("[2001:db8::7]", "2001:db8::7"), ("::1", "::1"), ("proxy.example", "proxy.example")],
+)
+def test_an_ipv6_advertised_host_is_told_without_brackets(given, told):
+    """As a broker tells it (Kafka strips them from advertised.listeners): clients resolve the
+    host as it comes, and ``[::1]`` resolves to nothing (kafka-python's getaddrinfo)."""
+    assert router_at(given).map_address(1, "b1", 9092) == (told, 40_001)
+
+
+@pytest.mark.parametrize("host", ["proxy.example:19092", "10.0.0.7:9092", "[proxy.example]", "[::1]:9092"])
+def test_an_advertised_host_with_a_port_or_stray_brackets_is_refused(host):
+    """Clients would be told a host that resolves to nothing."""
+    with pytest.raises(ValueError, match="--advertised-host"):
+        router_at(host)
+
+
+def router_at(advertised_host: str) -> ClusterRouter:
+    return ClusterRouter(advertised_host, BrokerPorts(), Listeners(), set)
 
 
 def _metadata_answer(host: str) -> bytearray:
