@@ -131,9 +131,12 @@ class ClusterRouter:
             listener = self._listen_for(node_id)
         address = Address(host, port)
         if address not in self._own_addresses():
-            # A broker that already advertises the proxy (a single-broker sidecar set-up)
-            # keeps relaying to the bootstrap upstream instead of to the proxy itself.
             self.brokers[node_id] = address
+        else:
+            # A broker that advertises the proxy (a single-broker sidecar set-up) keeps relaying
+            # to the bootstrap upstream instead of to the proxy itself, also once it has
+            # advertised an address of its own before.
+            self.brokers.pop(node_id, None)
         return self.advertised_host, listener
 
     def _listen_for(self, node_id: int) -> int:

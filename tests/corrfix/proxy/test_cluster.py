@@ -48,6 +48,17 @@ def test_error_placeholders_and_the_proxy_itself_are_not_brokers():
     assert r.brokers == {}  # node 3 relays to the bootstrap upstream, not to the proxy
 
 
+def test_a_broker_that_comes_to_advertise_the_proxy_is_relayed_to_the_bootstrap_again():
+    """Its old address is no longer what the cluster advertises (its listener there may be
+    gone): connections to its listener go where a broker advertising the proxy's go."""
+    r = router()
+    r.map_address(1, "b1", 9092)
+    assert r.map_address(1, PROXY.host, PROXY.port) == ("proxy.example", 40_001)
+    assert r.upstream_for(1) is None
+    r.map_address(1, "b1-again", 9092)
+    assert r.upstream_for(1) == Address("b1-again", 9092)
+
+
 def test_fixed_ports_from_a_map_or_a_base():
     listeners = Listeners()
     r = router(BrokerPorts(explicit={1: 19_001}, base=20_000), listeners)
