@@ -162,6 +162,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="brokers without --broker-port get PORT + node id (default: any free port)",
     )
     cluster.add_argument(
+        "--broker-state",
+        type=Path,
+        metavar="FILE",
+        help="keep the brokers learned in FILE and open their listeners again at the next start, "
+        "so that clients which cached them reconnect after a restart",
+    )
+    cluster.add_argument(
         "--no-rewrite",
         dest="rewrite",
         action="store_false",
@@ -310,6 +317,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
         rewrite=args.rewrite,
         advertised_host=args.advertised_host,
         broker_ports=BrokerPorts(dict(args.broker_port), args.broker_port_base),
+        broker_state=args.broker_state,
         tls=tls_config_from_args(args),
         engine=args.engine,
     )

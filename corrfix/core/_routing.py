@@ -104,6 +104,10 @@ class ClusterRouter:
         self.brokers: dict[int, Address] = {}
         """The upstream address of each broker, as last advertised by the cluster."""
         self.listener_ports: dict[int, int] = {}
+        self.on_change: Callable[[], None] | None = None
+        """Called after an answer taught the router something new (a broker, a new address),
+        so the shell can keep what :meth:`learned` says across a restart."""
+        self._changed = False
         self._caps: dict[int, int] | None = None
         self._plain: set[tuple[int, int]] = set()
         """(api key, api version) whose answers carry no address: asked of every answer, and
@@ -122,6 +126,33 @@ class ClusterRouter:
         brokers (a broker that advertises the proxy itself)."""
         return self.brokers.get(node_id)
 
+    def learned(self) -> dict[int, tuple[Address | None, int]]:
+        """Each broker given a listener: where it relays (None: the bootstrap brokers) and the
+        listener's port, which clients have been told and may have cached."""
+        ports, brokers = dict(self.listener_ports), dict(self.brokers)  # copies: both threads relay
+        return {node_id: (brokers.get(node_id), port) for node_id, port in ports.items()}
+
+    def restore(self, learned: Mapping[int, tuple[Address | None, int]]) -> dict[int, str]:
+        """Open the listeners of brokers learned before a restart, on the ports clients were
+        told (a fixed port configured now wins), relaying where they relayed.
+
+        Clients that cached the listeners and never go back to their bootstrap servers (kafka-python;
+        the Java client unless ``metadata.recovery.strategy=rebootstrap``) reconnect to them,
+        and would find nothing listening until another client bootstrapped through the proxy.
+        Returns why each broker that could not be restored was not (a port now taken)."""
+        failed: dict[int, str] = {}
+        for node_id, (upstream, port) in sorted(learned.items()):
+            if node_id < 0 or node_id in self.listener_ports:
+                continue
+            try:
+                self._listen_for(node_id, port)
+            except RoutingError as exc:
+                failed[node_id] = str(exc)
+                continue
+            if upstream is not None and upstream not in self._own_addresses():
+                self.brokers[node_id] = upstream
+        return failed
+
     def map_address(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """An :data:`~protocol.rewrite.AddressMapper`: learn the broker, hand out its listener."""
         if node_id < 0 or not host:
@@ -129,20 +160,25 @@ class ClusterRouter:
         listener = self.listener_ports.get(node_id)
         if listener is None:
             listener = self._listen_for(node_id)
+            self._changed = True
         address = Address(host, port)
         if address not in self._own_addresses():
-            self.brokers[node_id] = address
-        else:
-            # A broker that advertises the proxy (a single-broker sidecar set-up) keeps relaying
-            # to the bootstrap upstream instead of to the proxy itself, also once it has
-            # advertised an address of its own before.
-            self.brokers.pop(node_id, None)
+            if self.brokers.get(node_id) != address:
+                self.brokers[node_id] = address
+                self._changed = True
+        # A broker that advertises the proxy (a single-broker sidecar set-up) keeps relaying
+        # to the bootstrap upstream instead of to the proxy itself, also once it has
+        # advertised an address of its own before.
+        elif self.brokers.pop(node_id, None) is not None:
+            self._changed = True
         return self.advertised_host, listener
 
-    def _listen_for(self, node_id: int) -> int:
+    def _listen_for(self, node_id: int, recorded: int = 0) -> int:
+        """Bind the listener of ``node_id``: its fixed port, else ``recorded`` (a port it had
+        before a restart), else any free port."""
         if len(self.listener_ports) >= self.max_brokers:
             raise RoutingError(f"broker node id {node_id} would be broker number {self.max_brokers + 1}")
-        port = self.ports.fixed_port(node_id) or 0
+        port = self.ports.fixed_port(node_id) or recorded
         if port and port in {address.port for address in self._own_addresses()}:
             # Bound with SO_REUSEPORT (--workers), a second listener on a port shares it: the
             # kernel would hand some of this broker's connections to another broker's relay.
@@ -164,7 +200,13 @@ class ClusterRouter:
         if api_key == _API_VERSIONS:
             return cap_api_versions(frame, api_version, self.caps)
         if needs_rewrite(api_key, api_version):
-            return rewrite_response(frame, api_key, api_version, self.map_address) or frame
+            try:
+                return rewrite_response(frame, api_key, api_version, self.map_address) or frame
+            finally:
+                if self._changed:
+                    self._changed = False
+                    if self.on_change is not None:
+                        self.on_change()
         if len(self._plain) < _MAX_PLAIN_VERSIONS:
             self._plain.add((api_key, api_version))
         return frame

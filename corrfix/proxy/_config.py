@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from corrfix.core import Address, BrokerPorts, ConnectionConfig, RepairConfig
 from corrfix.proxy._tls import TLS_RELOAD_INTERVAL, TlsConfig
@@ -36,6 +37,8 @@ class ProxyConfig:
     advertised_host: str | None = None
     """The host clients are told for every broker listener (default: the listen host)."""
     broker_ports: BrokerPorts = field(default_factory=BrokerPorts)
+    broker_state: Path | None = None
+    """Where the brokers learned are kept, so that the next start opens their listeners again."""
     reuse_port: bool = False
     """Share listen ports with sibling worker processes (SO_REUSEPORT)."""
     tls: TlsConfig | None = None

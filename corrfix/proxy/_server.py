@@ -15,6 +15,7 @@ import trio
 
 from corrfix.core import LOOPBACK, Address, ClusterRouter
 from corrfix.proxy._bootstrap import BootstrapOrder
+from corrfix.proxy._broker_state import BrokerState
 from corrfix.proxy._config import ProxyConfig
 from corrfix.proxy._connection import ProxyConnection, ProxyStats
 from corrfix.proxy._metrics import ProxyMetrics
@@ -80,6 +81,9 @@ class Proxy:
                 self._bind_broker_listener,
                 self._own_addresses,
             )
+        self._broker_state = None
+        if self.router is not None and config.broker_state is not None:
+            self._broker_state = BrokerState(config.broker_state, self.router)
 
     async def serve(self, *, task_status: trio.TaskStatus[list[Address]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, or until :meth:`drain` has let every connection finish."""
@@ -106,6 +110,9 @@ class Proxy:
                     self._nursery = nursery
                     self._token = trio.lowlevel.current_trio_token()
                     self._trio_thread = threading.get_ident()
+                    if self._broker_state is not None:  # before anyone is accepted
+                        self._broker_state.restore()
+                        self._broker_state.save()  # an unwritable file is said at start
                     connections.start_soon(self._close_engine_connections_at_the_end)
                     for listener in listeners:
                         nursery.start_soon(self._accept, listener, self._handle)

@@ -166,6 +166,44 @@ def test_every_answer_that_can_carry_addresses_is_rewritten_each_time():
         assert r.transform(ApiKey.API_VERSIONS, 0, versions) == cap_api_versions(versions, 0, r.caps)
 
 
+def test_an_answer_that_teaches_the_router_something_new_is_reported_once():
+    """The shell keeps what was learned for the next start; answers that repeat what is known
+    (every Metadata refresh) must not make it write."""
+    r = router()
+    reports: list[dict] = []
+    r.on_change = lambda: reports.append(r.learned())
+    for host in ("b1", "b1", "b1-moved", PROXY.host, PROXY.host):
+        r.transform(ApiKey.METADATA, 1, _metadata_answer(host))
+    moved = Address("b1-moved", 9092)
+    assert reports == [{1: (Address("b1", 9092), 40_001)}, {1: (moved, 40_001)}, {1: (None, 40_001)}]
+
+
+def test_brokers_learned_before_a_restart_listen_and_relay_again():
+    """Clients that cached the listeners (kafka-python; Java without rebootstrap) reconnect
+    to them after a restart and never ask the bootstrap again."""
+    listeners = Listeners()
+    r = router(BrokerPorts({2: 19_002}), listeners)
+    failed = r.restore(
+        {1: (Address("b1", 9092), 40_101), 2: (Address("b2", 9092), 40_102), 3: (None, 40_103)}
+    )
+    assert failed == {}
+    assert listeners.asked == [(1, 40_101), (2, 19_002), (3, 40_103)]  # a fixed port configured now wins
+    assert r.learned() == {
+        1: (Address("b1", 9092), 40_101),
+        2: (Address("b2", 9092), 19_002),
+        3: (None, 40_103),
+    }
+    assert r.map_address(1, "b1", 9092) == ("proxy.example", 40_101)
+    assert listeners.asked[3:] == []
+
+
+def test_a_broker_whose_port_is_taken_now_is_not_restored_and_says_why():
+    r = router(listeners=Listeners(fail=True))
+    failed = r.restore({1: (Address("b1", 9092), 40_101)})
+    assert list(failed) == [1] and "Address already in use" in failed[1]
+    assert r.learned() == {}
+
+
 def _share_answer(api_key: int, host: bytes, correlation_id: int = 7) -> bytearray:
     """A ShareFetch or ShareAcknowledge v0 answer (flexible) whose ``NodeEndpoints`` names
     broker 2 at ``host``:9092, encoded by hand: kafka-python 3.0 has no schema for either."""
