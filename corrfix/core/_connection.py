@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from corrfix.core._events import HEADER_COPY, Closed, Event, Notice, PeerSide, Received, Sent
 from corrfix.core._repair import Actions, RepairConfig, RepairMachine
+from corrfix.core._routing import RoutingError
 from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameSizeError, ProtocolError
 
@@ -378,7 +379,12 @@ class ConnectionCore:
             marks = self._marks()
         plaintext = not self.upstream_spoke and not self._upstream_tls
         answer = tls_on_plaintext(exc, "upstream") if plaintext else None
-        reason = answer or f"bad response from upstream: {exc}"
+        if answer is not None:
+            reason = answer
+        elif isinstance(exc, RoutingError):  # the proxy's settings, not the broker, are at fault
+            reason = f"no proxy listener for a broker the answer names: {exc}"
+        else:
+            reason = f"bad response from upstream: {exc}"
         if self.close_reason is None:
             self.close_reason = reason
         self._note("closing connection", "warning", reason=reason)

@@ -19,6 +19,7 @@ from corrfix.core import (
     Repaired,
     RepairKind,
     RepairMachine,
+    RoutingError,
     Sent,
 )
 from protocol import ApiKey
@@ -222,6 +223,24 @@ def test_garbage_from_the_broker_ends_the_connection_as_a_broker_close_does():
     assert core.machine.closed is not None
     repairs = [event for event in core.take_events() if isinstance(event, Repaired)]
     assert [event.kind for event in repairs] == [RepairKind.POSSIBLE_DUPLICATE]  # the Produce left unanswered
+
+
+def test_an_answer_naming_a_broker_the_proxy_cannot_stand_in_for_says_so():
+    """A misconfiguration (a fixed port already taken, more brokers than listeners), not a
+    broker's fault: the close reason must send the operator to the settings."""
+
+    def no_listener(api_key: int, api_version: int, frame: bytearray) -> bytearray:
+        raise RoutingError("broker node id 2's port 19092 is already a proxy listener")
+
+    core = ConnectionCore(CONFIG, RepairMachine(CONFIG.repair, transform=no_listener), 0.0)
+    core.receive_client(request_frame(ApiKey.METADATA, 100, 0), 1.0)
+    core.take()
+    core.receive_upstream(response_frame(0, 0), 1.1)
+    assert core.take_client() == []
+    assert core.close_reason == (
+        "no proxy listener for a broker the answer names: "
+        "broker node id 2's port 19092 is already a proxy listener"
+    )
 
 
 SHORT_FRAME = (2).to_bytes(4, "big") + b"\x00\x03"
