@@ -471,12 +471,29 @@ def setting_conflicts(settings: argparse.Namespace) -> list[str]:
     """Settings each valid alone that cannot work together."""
     from corrfix.capture._options import capture_conflicts
 
-    conflicts = capture_conflicts(settings)
+    conflicts = capture_conflicts(settings) + _broker_port_conflicts(settings)
     if settings.ready_stale <= settings.ready_interval:  # each answer goes stale before the next check
         conflicts.append(
             f"--ready-stale ({settings.ready_stale:g} s) must be longer than --ready-interval "
             f"({settings.ready_interval:g} s), or /readyz fails between every two checks"
         )
+    return conflicts
+
+
+def _broker_port_conflicts(settings: argparse.Namespace) -> list[str]:
+    """Broker ports given that would share a listener: with --workers (SO_REUSEPORT) both binds
+    succeed and the kernel hands some of one broker's connections to the other's relay."""
+    conflicts = []
+    listen_port = settings.listen.port if settings.listen is not None else 0
+    owners: dict[int, str] = {}
+    nodes: dict[int, int] = {}
+    for node_id, port in settings.broker_port:
+        if nodes.setdefault(node_id, port) != port:
+            conflicts.append(f"--broker-port gives node {node_id} two ports, {nodes[node_id]} and {port}")
+        elif listen_port and port == listen_port:
+            conflicts.append(f"--broker-port {node_id}={port} is the --listen port")
+        elif owners.setdefault(port, f"{node_id}={port}") != f"{node_id}={port}":
+            conflicts.append(f"--broker-port {owners[port]} and {node_id}={port} share a port")
     return conflicts
 
 

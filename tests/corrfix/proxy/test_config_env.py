@@ -132,6 +132,24 @@ def test_a_ready_stale_not_longer_than_the_ready_interval_is_refused(capsys):
     assert parse(*given, "--ready-stale", "45", env={"CORRFIX_READY_INTERVAL": "30"}).ready_stale == 45
 
 
+@pytest.mark.parametrize(
+    ("ports", "message"),
+    [
+        (("--broker-port", "1=19092"), "--broker-port 1=19092 is the --listen port"),
+        (("--broker-port", "1=19001", "--broker-port", "2=19001"), "--broker-port 1=19001 and 2=19001 share"),
+        (("--broker-port", "1=19001", "--broker-port", "1=19002"), "gives node 1 two ports, 19001 and 19002"),
+    ],
+)
+def test_broker_ports_that_would_share_a_listener_are_refused_at_start(capsys, ports, message):
+    """With --workers (SO_REUSEPORT) both binds succeed and the kernel splits one broker's
+    connections with the other listener, which relays them elsewhere; without, the first
+    answer naming the broker closes its connection. Either way only at run time."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse("proxy", "--listen", "127.0.0.1:19092", "--upstream", "h:2", *ports)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_capture_limit_below_one_file_is_refused(capsys):
     """The file being written is never removed, so a limit below ``--capture-rotate-bytes``
     could not be kept."""
