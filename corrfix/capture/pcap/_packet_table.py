@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from corrfix.capture.pcap._packets import (
     _FAST_IPV4,
+    _PCAP_LINKTYPE_MASK,
     _PCAP_MAGIC,
     _PCAPNG_BYTE_ORDER_LE,
     _PCAPNG_EPB,
@@ -111,7 +112,7 @@ def _walk_pcap(mm: mmap.mmap) -> _Table | None:
     if formats is None or size < 24:
         return None
     order, nano = formats
-    linktype = struct.unpack_from(order + "I", mm, 20)[0] & 0x0FFFFFFF
+    linktype = struct.unpack_from(order + "I", mm, 20)[0] & _PCAP_LINKTYPE_MASK
     record = struct.Struct(order + "IIII")
     table = _Table()
     offsets: list[int] = []

@@ -39,6 +39,7 @@ _PCAPNG_EPB = 6
 _EPB = {order: struct.Struct(order + "IIII") for order in "<>"}  # interface, stamp, captured length
 _PB = {order: struct.Struct(order + "HHIII") for order in "<>"}  # interface, drops, stamp, captured
 _OPT_TSRESOL = 9
+_PCAP_LINKTYPE_MASK = 0xFFFF  # of a pcap link type field; the upper 16 bits say whether frames end in an FCS
 _OPT_TSOFFSET = 14
 
 # Link-layer types (LINKTYPE_* as stored in files; a few DLT_* aliases seen in the wild).
@@ -157,7 +158,7 @@ def _pcap_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, by
     if formats is None or len(header) < 24:
         raise ValueError("not a pcap or pcapng file")
     order, nano = formats
-    linktype = struct.unpack(order + "I", header[20:24])[0] & 0x0FFFFFFF  # upper bits: FCS length
+    linktype = struct.unpack(order + "I", header[20:24])[0] & _PCAP_LINKTYPE_MASK
     record = struct.Struct(order + "IIII")
     while True:
         head = f.read(record.size)

@@ -415,6 +415,27 @@ def test_pcapng_with_two_interfaces_and_nanosecond_stamps(tmp_path):
     assert {r["wall_ns"] for r in rows} <= set(stamps)
 
 
+@pytest.mark.parametrize("clean_path", [True, False])
+def test_pcap_link_type_field_saying_frames_end_in_a_check_sequence(tmp_path, clean_path):
+    """libpcap keeps a link type's upper 16 bits for the frame check sequence: bit 26 says the
+    FCS length in bits 28-31 is valid. Such a file is Ethernet, its frames 4 bytes longer."""
+    exchanges = session(n_produce=12)  # enough packets for the clean path
+    tcp = TcpSession()
+    source = write_capture(tmp_path / "in.pcap", tcp, timed(full_session(tcp, exchanges)))
+    data = bytearray(source.read_bytes())
+    data[20:24] = struct.pack("<I", LINKTYPE_ETHERNET | 0x04000000 | 4 << 28)
+    out, pos = bytearray(data[:24]), 24
+    while pos < len(data):  # each frame followed by its 4-byte check sequence
+        ts_s, ts_us, captured, original = struct.unpack_from("<IIII", data, pos)
+        out += struct.pack("<IIII", ts_s, ts_us, captured + 4, original + 4)
+        out += data[pos + 16 : pos + 16 + captured] + b"\xde\xad\xbe\xef"
+        pos += 16 + captured
+    source.write_bytes(bytes(out))
+    stats = import_pcap(source, tmp_path / "out", [9092], clean_path=clean_path)
+    assert stats.unsupported_link_types == {}
+    assert frames(read_capture(tmp_path / "out").to_pylist()) == expected(exchanges)
+
+
 def test_truncated_pcap_file_keeps_whole_packets(tmp_path):
     exchanges = session(n_produce=1)
     tcp = TcpSession()
