@@ -51,7 +51,7 @@ from corrfix.capture.pcap._clean_streams import (
     rest_of_connection,
 )
 from corrfix.capture.pcap._packet_table import PacketColumns, packet_columns, read_segments
-from corrfix.capture.pcap._packets import PacketStats, TcpSegment, format_address
+from corrfix.capture.pcap._packets import TH_ACK, PacketStats, TcpSegment, format_address
 from corrfix.capture.pcap._provenance import (
     WireCaptureSummary,
     check_prior,
@@ -59,7 +59,7 @@ from corrfix.capture.pcap._provenance import (
     file_sha256,
     file_stem,
 )
-from corrfix.capture.pcap._tcp_stream import Piece, StreamReassembler
+from corrfix.capture.pcap._tcp_stream import Piece, StreamReassembler, sequence_after
 from corrfix.capture.pcap._wire_frames import (
     RESPONSE_LOOKBACK,
     FrameSplitter,
@@ -89,6 +89,7 @@ _FRAME_KEYS = (
 )
 MAX_PENDING_REQUESTS = 10_000  # unanswered requests remembered per connection (acks=0 never are)
 MAX_HELD_ANSWERS = 256  # answers held while the requests are searched for
+MAX_WAITING_SEGMENTS = 8  # segments of a connection held while an acknowledgement runs ahead of the data
 _BATCH_ROWS = 1024
 _ROTATE_BYTES = 256 * 1024 * 1024
 
@@ -284,6 +285,8 @@ class WireConnection:
         # Answers that matched nothing while the requests were out of sync: their request may
         # yet be proven (after its own answer arrived), so they wait for it.
         self._held_answers: list[WireFrame] = []
+        # Segments waiting for the bytes an acknowledgement among them covers (see :meth:`segment`).
+        self._waiting: collections.deque[tuple[TcpSegment, bool]] = collections.deque()
         self._new_ids: list[int] = []
         self.opened = self._row(RowKind.OPEN, ts_ns, reason="syn" if syn else "midstream")
         self.opened.update(self._addresses())
@@ -292,15 +295,83 @@ class WireConnection:
     # -- segments --------------------------------------------------------------------------
 
     def segment(self, seg: TcpSegment, from_client: bool) -> list[Row]:
-        """Rows completed by one segment."""
+        """Rows completed by one segment.
+
+        A capture can hold a segment after its acknowledgement (packets taken on different
+        CPUs or interfaces are written in the order they reached the capture); read in that
+        order, the acknowledgement would declare the bytes lost. So a segment acknowledging
+        bytes no captured segment carried waits, and the connection's segments after it with
+        it, until those bytes turn up: a segment of the other direction that acknowledges
+        nothing unseen itself is read ahead of the waiting ones. After
+        :data:`MAX_WAITING_SEGMENTS` the first waiting segment is read anyway.
+        """
         self.last_ts_ns = seg.ts_ns
+        waiting = self._waiting
+        if waiting:
+            waiting.append((seg, from_client))
+            return self._catch_up(force=len(waiting) > MAX_WAITING_SEGMENTS)
+        acked: list[Piece] | None = []
+        if seg.flags & TH_ACK:
+            acked = (self.to_client if from_client else self.to_server).acknowledged_if_seen(
+                seg.ack, seg.ts_ns
+            )
+            if acked is None:
+                waiting.append((seg, from_client))
+                return []
+        return self._segment(seg, from_client, acked)
+
+    def _runs_ahead(self, seg: TcpSegment, from_client: bool) -> bool:
+        """Whether ``seg`` acknowledges bytes of the other direction that no segment read carried."""
+        return seg.has_ack and (self.to_client if from_client else self.to_server).acknowledges_unseen(
+            seg.ack
+        )
+
+    def _catch_up(self, force: bool) -> list[Row]:
+        """Read the waiting segments that can be read now, in order but for the other
+        direction's first one, which may carry the bytes the first waiting segment
+        acknowledges; with ``force``, the first waiting segment in any case."""
+        rows: list[Row] = []
+        waiting = self._waiting
+        while waiting:
+            seg, from_client = waiting[0]
+            if force or not self._runs_ahead(seg, from_client):
+                waiting.popleft()
+                force = False
+                rows += self._segment(seg, from_client)
+                continue
+            other = next((n for n, (_, client) in enumerate(waiting) if client != from_client), None)
+            if other is None:
+                break
+            ahead, _ = waiting[other]
+            if self._runs_ahead(ahead, not from_client):
+                break
+            # A sender's segments reach the capture in the order it sent them: once one sent
+            # after the bytes the waiting segment acknowledges is seen, those bytes were lost.
+            if ahead.has_ack and any(
+                client == from_client and w.length and sequence_after(ahead.ack, w.seq)
+                for w, client in waiting
+            ):  # sent after a waiting segment reached its peer: it cannot be read before it
+                if sequence_after(seg.ack, ahead.seq):
+                    break  # it may carry some of those bytes again (a retransmission): wait
+                force = True
+                continue
+            del waiting[other]
+            rows += self._segment(ahead, not from_client)
+            force = not sequence_after(seg.ack, ahead.seq + ahead.length)
+        return rows
+
+    def _segment(self, seg: TcpSegment, from_client: bool, acked: list[Piece] | None = None) -> list[Row]:
+        """Rows completed by one segment, read now; ``acked``: what its acknowledgement
+        delivered, when that was done already."""
         upstream, downstream = (self.to_server, self.requests), (self.to_client, self.responses)
         (sending, splitter), (other, other_splitter) = (
             (upstream, downstream) if from_client else (downstream, upstream)
         )
         rows: list[Row] = []
-        if seg.has_ack:  # first: what the peer acknowledged precedes what this segment carries
-            rows += self._frames(other.acknowledged(seg.ack, seg.ts_ns), other_splitter, not from_client)
+        if acked is None and seg.has_ack:
+            acked = other.acknowledged(seg.ack, seg.ts_ns)
+        if acked:  # first: what the peer acknowledged precedes what this segment carries
+            rows += self._frames(acked, other_splitter, not from_client)
         seq = seg.seq
         if seg.syn:
             if not sending.started:
@@ -314,8 +385,10 @@ class WireConnection:
         return rows + self._late_answers()
 
     def close(self, ts_ns: int, reason: str) -> list[Row]:
-        """Deliver what the streams still hold, then the close row."""
+        """Deliver what the deferred segments and the streams still hold, then the close row."""
         rows: list[Row] = []
+        while self._waiting:
+            rows += self._catch_up(force=True)
         tokens = [reason]
         for stream, splitter, is_request, name in (
             (self.to_server, self.requests, True, "request"),
@@ -341,7 +414,8 @@ class WireConnection:
         from here, clean traffic makes the rows a clean connection makes (see
         :func:`._clean_streams.rest_of_connection`)."""
         return (
-            not self._held_answers
+            not self._waiting
+            and not self._held_answers
             and not self._new_ids
             and not self.fins
             and self.to_server.at_rest

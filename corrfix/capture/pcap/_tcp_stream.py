@@ -8,7 +8,9 @@ numbers say how much is missing; that is what lets the Kafka framing continue af
 A hole is held open while a retransmission may still fill it. It is declared a gap when:
 
 * the other side acknowledges bytes past it (the receiver has them, so they will not be
-  sent again: the capture simply missed them);
+  sent again: the capture simply missed them), and the segment carrying them did not
+  turn up soon after in the capture (see :meth:`StreamReassembler.acknowledges_unseen`
+  and the connection's deferral of such acknowledgements in :mod:`._import`);
 * the snap length cut a segment short (those bytes are in no packet of this capture);
 * more than ``max_held_bytes`` wait behind it; or
 * the stream ends (:meth:`finish`).
@@ -33,6 +35,11 @@ from typing import NamedTuple
 _SEQ_MOD = 1 << 32
 _HALF = 1 << 31
 DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024
+
+
+def sequence_after(seq: int, other: int) -> bool:
+    """Whether sequence number ``seq`` comes after ``other`` (32-bit wrap-around)."""
+    return 0 < (seq - other) % _SEQ_MOD < _HALF
 
 
 class Data(NamedTuple):
@@ -143,6 +150,35 @@ class StreamReassembler:
             out += self._skip_to(self._held[0][0], ts_ns)
         return out
 
+    def acknowledges_unseen(self, ack: int) -> bool:
+        """Whether the peer's ``ack`` covers bytes no segment seen so far carried (acknowledging
+        it would declare them a gap). A capture can hold a segment after its acknowledgement:
+        packets taken on different CPUs or interfaces are written in the order they reached
+        the capture, not the order they were sent."""
+        if self._isn is None:
+            return False
+        upto = self._acknowledged_end(ack)
+        if upto <= self._next:
+            return False
+        covered = self._next
+        for offset, _, _, length, _ in sorted(self._held):
+            if offset > covered:
+                break
+            covered = max(covered, offset + length)
+        return covered < upto
+
+    def acknowledged_if_seen(self, ack: int, ts_ns: int) -> list[Piece] | None:
+        """:meth:`acknowledged`, unless ``ack`` covers bytes no segment seen carried: then None,
+        and nothing done (see :meth:`acknowledges_unseen`)."""
+        isn = self._isn
+        if isn is not None:
+            ahead = ((ack - isn) % _SEQ_MOD - self._next) % _SEQ_MOD
+            if not ahead or ahead >= _HALF:
+                return []  # the usual case: nothing past the bytes delivered (checked for every segment)
+            if self.acknowledges_unseen(ack):
+                return None
+        return self.acknowledged(ack, ts_ns)
+
     def acknowledged(self, ack: int, ts_ns: int) -> list[Piece]:
         """The peer acknowledged everything before ``ack``: bytes not captured by then never will be."""
         if self._isn is None:
@@ -151,11 +187,7 @@ class StreamReassembler:
             if self._last_ack is None or 0 < (ack - self._last_ack) % _SEQ_MOD < _HALF:
                 self._last_ack = ack
             return []
-        upto = self._unwrap(ack)
-        if self._end is not None:
-            upto = min(upto, self._end)  # the FIN takes a sequence number but is no data
-        elif upto == self._seen_end + 1 and not self._held:
-            upto -= 1  # most likely the FIN, its ACK captured before it
+        upto = self._acknowledged_end(ack)
         out: list[Piece] = []
         while upto > self._next:
             if self._held and self._held[0][0] <= self._next:
@@ -183,6 +215,15 @@ class StreamReassembler:
             out.append(Gap(self._next, self._end - self._next, ts_ns))
             self._next = self._end
         return out
+
+    def _acknowledged_end(self, ack: int) -> int:
+        """The offset up to which ``ack`` says data was received."""
+        upto = self._unwrap(ack)
+        if self._end is not None:
+            return min(upto, self._end)  # the FIN takes a sequence number but is no data
+        if upto == self._seen_end + 1 and not self._held:
+            return upto - 1  # most likely the FIN, its ACK captured before it
+        return upto
 
     def _unwrap(self, seq: int) -> int:
         assert self._isn is not None

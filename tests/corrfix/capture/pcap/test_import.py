@@ -224,6 +224,32 @@ def test_out_of_order_segments(tmp_path):
     assert frames(rows) == expected(exchanges)
 
 
+def _acknowledged_before_captured(
+    tcp: TcpSession, exchanges: list[Exchange], answer_first: bool
+) -> list[Segment]:
+    """A session whose capture holds the last two segments of each request after the server's
+    acknowledgement of them: its pure ACK, or (``answer_first``) its answer, which acknowledges
+    the request too. tcpdump on a host with several receive queues, or on ``-i any``, writes
+    packets from different CPUs in this order now and then (Wireshark: "ACKed unseen segment")."""
+    segments = tcp.handshake()
+    for exchange in exchanges:
+        request = tcp.send(True, exchange.request, with_ack=True)
+        answer = tcp.send(False, exchange.response, with_ack=True) if answer_first else [tcp.ack(False)]
+        segments += request[:-2] + answer[:1] + request[-2:] + answer[1:]
+        if not answer_first:
+            segments += tcp.send(False, exchange.response, with_ack=True)
+    return [*segments, tcp.fin(True), tcp.fin(False), tcp.ack(True)]
+
+
+@pytest.mark.parametrize("answer_first", [False, True])
+def test_data_captured_after_its_acknowledgement(tmp_path, answer_first):
+    exchanges = session()
+    tcp = TcpSession()
+    rows = run_import(tmp_path, tcp, _acknowledged_before_captured(tcp, exchanges, answer_first))
+    assert frames(rows) == expected(exchanges)
+    assert all(r["reason"] is None for r in frame_rows(rows))
+
+
 def test_sequence_numbers_wrap_around(tmp_path):
     exchanges = session()
     tcp = TcpSession(client_isn=(1 << 32) - 3000, server_isn=(1 << 32) - 10)
