@@ -212,7 +212,11 @@ def _pcapng_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, 
         if block_type == _PCAPNG_IDB:
             block = head + body
             cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
-            interfaces.append(_interface(cls(block), order))
+            try:
+                interfaces.append(_interface(cls(block), order))
+            except (dpkt.UnpackError, struct.error, IndexError) as exc:
+                at = f.tell() - length
+                raise ValueError(f"a damaged pcapng interface description block at byte {at}: {exc}") from exc
         elif block_type in (_PCAPNG_EPB, _PCAPNG_PB):
             # EPB: interface (32), stamp (2 x 32), captured and original lengths; PB: interface
             # and drops (16 + 16), then the same. Read by hand: this runs for every packet.

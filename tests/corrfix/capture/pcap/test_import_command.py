@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import dpkt
 import pytest
 
 from corrfix._cli import main
@@ -24,6 +27,9 @@ def capture_file(path: Path, server_port: int = 9092, client_port: int = 40001, 
             segments += tcp.send(False, exchange.response, with_ack=True)
     segments += [tcp.fin(True), tcp.fin(False), tcp.ack(True)]
     return write_capture(path, tcp, timed(segments))
+
+
+START_NS = 1_700_000_000_000_000_000
 
 
 def run(*argv: str) -> int:
@@ -128,3 +134,36 @@ def test_piped_into_head_ends_quietly(tmp_path, command):
     proc.stderr.close()
     assert proc.wait(timeout=60) == 141, err
     assert b"Traceback" not in err and b"BrokenPipeError" not in err
+
+
+def _pcapng(path: Path, stamps_ns: list[int], offset_s: int = 0) -> tuple[Path, int]:
+    """A pcapng of the synthetic session's first packets at these times (nanosecond ticks, plus
+    ``offset_s`` as the interface's if_tsoffset); and where its interface description starts."""
+    pcap = capture_file(path.with_suffix(".pcap"))
+    ng = dpkt.pcapng
+    shb = bytes(ng.SectionHeaderBlockLE())
+    options = [
+        ng.PcapngOptionLE(code=9, data=b"\x09"),
+        ng.PcapngOptionLE(code=14, data=struct.pack("<q", offset_s)),
+    ]
+    blocks = [
+        shb,
+        bytes(ng.InterfaceDescriptionBlockLE(snaplen=65535, opts=[*options, ng.PcapngOptionLE(code=0)])),
+    ]
+    for stamp, (_, frame) in zip(stamps_ns, dpkt.pcap.Reader(io.BytesIO(pcap.read_bytes())), strict=False):
+        blocks.append(
+            bytes(ng.EnhancedPacketBlockLE(ts_high=stamp >> 32, ts_low=stamp & 0xFFFFFFFF, pkt_data=frame))
+        )
+    path.write_bytes(b"".join(blocks))
+    return path, len(shb)
+
+
+def test_a_damaged_interface_description_is_an_error_not_a_traceback(tmp_path, capsys):
+    pcap, idb = _pcapng(tmp_path / "in.pcapng", [START_NS] * 3)
+    data = bytearray(pcap.read_bytes())
+    length = struct.unpack_from("<I", data, idb + 4)[0]
+    data[idb + length - 4] ^= 0x04  # its trailing length no longer matches the leading one
+    pcap.write_bytes(bytes(data))
+    assert run(str(pcap), "-o", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot import {pcap}" in err and "interface description block" in err
