@@ -27,6 +27,8 @@ import numpy.typing as npt
 
 from corrfix.capture.pcap._packets import (
     _FAST_IPV4,
+    _MAX_NS,
+    _MIN_NS,
     _PCAP_LINKTYPE_MASK,
     _PCAP_MAGIC,
     _PCAPNG_BYTE_ORDER_LE,
@@ -182,8 +184,12 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     linktypes = np.array([iface.linktype for iface in interfaces], np.int64)[ids]
     units = np.array([_NS // iface.units_per_second for iface in interfaces], np.int64)[ids]
     shifts = np.array([iface.offset_s for iface in interfaces], np.int64)[ids]
-    if highs.size and int(highs.max()) >= 2**31 // int(units.max()):
-        return None  # beyond int64 nanoseconds: exact integers per packet instead
+    if highs.size:
+        top = (int(highs.max()) + 1) << 32  # more ticks than any packet's
+        for iface in interfaces:
+            offset = iface.offset_s * _NS
+            if offset < _MIN_NS or top * (_NS // iface.units_per_second) + offset > _MAX_NS:
+                return None  # beyond int64 nanoseconds: the per-packet reader says so
     table.offsets = at * 4 + 28
     table.captured = captured
     table.linktypes = linktypes

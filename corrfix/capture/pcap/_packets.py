@@ -41,6 +41,7 @@ _PB = {order: struct.Struct(order + "HHIII") for order in "<>"}  # interface, dr
 _OPT_TSRESOL = 9
 _PCAP_LINKTYPE_MASK = 0xFFFF  # of a pcap link type field; the upper 16 bits say whether frames end in an FCS
 _OPT_TSOFFSET = 14
+_MIN_NS, _MAX_NS = -(2**63), 2**63 - 1  # the capture's times are 64-bit nanoseconds
 
 # Link-layer types (LINKTYPE_* as stored in files; a few DLT_* aliases seen in the wild).
 LINKTYPE_NULL = 0
@@ -182,7 +183,10 @@ class _Interface:
 
     def ts_ns(self, high: int, low: int) -> int:
         ticks = (high << 32) | low
-        return ticks * 1_000_000_000 // self.units_per_second + self.offset_s * 1_000_000_000
+        ns = ticks * 1_000_000_000 // self.units_per_second + self.offset_s * 1_000_000_000
+        if not _MIN_NS <= ns <= _MAX_NS:
+            raise ValueError(f"a packet timestamp beyond 64-bit nanoseconds ({ns} ns): a damaged file?")
+        return ns
 
 
 def _pcapng_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, bytes]]:

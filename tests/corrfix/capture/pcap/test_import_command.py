@@ -167,3 +167,17 @@ def test_a_damaged_interface_description_is_an_error_not_a_traceback(tmp_path, c
     assert run(str(pcap), "-o", str(tmp_path / "out")) == 2
     err = capsys.readouterr().err
     assert f"cannot import {pcap}" in err and "interface description block" in err
+
+
+def test_a_timestamp_beyond_64_bit_nanoseconds_is_an_error_not_a_traceback(tmp_path, capsys):
+    pcap, _ = _pcapng(tmp_path / "in.pcapng", [START_NS] * 3 + [2**64 - 1] + [START_NS] * 50)  # a request
+    assert run(str(pcap), "-o", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot import {pcap}" in err and "timestamp" in err
+
+
+def test_a_time_offset_beyond_64_bit_nanoseconds_is_an_error_not_wrapped_around(tmp_path, capsys):
+    pcap, _ = _pcapng(tmp_path / "in.pcapng", [START_NS] * 60, offset_s=9_000_000_000)
+    assert run(str(pcap), "-o", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot import {pcap}" in err and "timestamp" in err
