@@ -114,5 +114,5 @@ def summary(stats: ImportStats) -> str:
     if stats.ip_fragments:
         lines.append(f"  skipped IP fragments: {stats.ip_fragments:,}")
     if stats.truncated_file:
-        lines.append("  the file ends in the middle of a packet (capture still running, or killed?)")
+        lines.append("  the file, or a section of it, ends inside a packet (tcpdump running, or killed?)")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from corrfix.capture.pcap._packets import (
     _FAST_IPV4,
+    _MAX_BLOCK,
     _MAX_NS,
     _MIN_NS,
     _PCAP_LINKTYPE_MASK,
@@ -44,6 +45,7 @@ from corrfix.capture.pcap._packets import (
     _Interface,
     _interface,
     _parse,
+    block_fits,
     read_segments_per_packet,
 )
 
@@ -162,7 +164,7 @@ def _walk_pcapng(mm: mmap.mmap) -> _Table | None:
     types, lengths_all = words[at_all], words[at_all + 1]
     if ((types == _SHB) | (types == _PCAPNG_PB) | (types == _PCAPNG_SPB)).any():
         return None
-    if ((types == _PCAPNG_EPB) & (lengths_all < 28)).any():
+    if ((types == _PCAPNG_EPB) & (lengths_all < 32)).any():
         return None
     is_idb = types == _PCAPNG_IDB
     interfaces: list[_Interface] = []
@@ -218,7 +220,7 @@ class _Runs:
             or [np.zeros(0, np.int64)]
         )
         lengths = words[at + 1].astype(np.int64)
-        ok = (lengths >= 12) & (lengths % 4 == 0) & (at * 4 + lengths <= size)
+        ok = (lengths >= 12) & (lengths <= _MAX_BLOCK) & (lengths % 4 == 0) & (at * 4 + lengths <= size)
         at, lengths = at[ok], lengths[ok]
         ok = words[at + lengths // 4 - 1] == lengths
         self.starts = at[ok] * 4
@@ -245,7 +247,7 @@ def _chain(
     packet blocks are taken a run at a time (:class:`_Runs`), any other block on its own."""
     size = len(mm)
     runs = _Runs(words, first, size)
-    read_length = struct.Struct(order + "I").unpack_from
+    read_block = struct.Struct(order + "II").unpack_from
     pieces: list[_Ints] = []
     single: list[int] = []
     pos = first
@@ -259,11 +261,10 @@ def _chain(
                 pieces.append(run[0])
                 pos = run[1]
                 continue
-        length = read_length(mm, pos + 4)[0]
-        if length < 12 or length % 4 or pos + length > size:
-            block_type = read_length(mm, pos)[0]
-            if block_type == _SHB or length < 8 or not (length < 12 or pos + length > size):
-                return None
+        block_type, length = read_block(mm, pos)
+        if not block_fits(block_type, length, pos, size) or words[(pos + length) // 4 - 1] != length:
+            if mm.find(PCAPNG_MAGIC, pos + 1) != -1 or not (length < 12 or pos + length > size):
+                return None  # damaged, or a section may follow: the per-packet reader decides
             table.truncated = True
             break
         single.append(pos)

@@ -8,6 +8,10 @@ dpkt still parses pcapng interface descriptions and IPv6 extension headers; pack
 and the fixed IPv4, IPv6 and TCP headers are read with ``struct``, as dpkt's parsers took
 most of an import's time.
 
+A pcapng block cut short or damaged (its lengths disagree, or it is longer than the file)
+ends its section: reading goes on at the next section header block, as when files were
+concatenated and the first was cut.
+
 A segment's ``length`` comes from the IP header, not from what was captured: when the snap
 length cut a packet short, the reassembler then knows how many bytes are missing.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,12 +37,16 @@ _PCAP_MAGIC = {  # first four bytes -> (byte order, nanosecond stamps)
     b"\xa1\xb2\x3c\x4d": (">", True),
 }
 _PCAPNG_BYTE_ORDER_LE = b"\x4d\x3c\x2b\x1a"
+_PCAPNG_BYTE_ORDERS = (_PCAPNG_BYTE_ORDER_LE, b"\x1a\x2b\x3c\x4d")
 _PCAPNG_IDB = 1
 _PCAPNG_PB = 2
 _PCAPNG_SPB = 3
 _PCAPNG_EPB = 6
 _EPB = {order: struct.Struct(order + "IIII") for order in "<>"}  # interface, stamp, captured length
 _PB = {order: struct.Struct(order + "HHIII") for order in "<>"}  # interface, drops, stamp, captured
+_MIN_BLOCK = {0x0A0D0D0A: 28, 6: 32, 2: 32, 3: 16}  # section header, enhanced, obsolete, simple packet
+_MAX_BLOCK = 64 * 1024 * 1024  # longer is damage: a block is read whole (tcpdump's snap length: 256 KiB)
+_SEARCH_CHUNK = 1 << 20  # bytes read at a time when looking for the next section
 _OPT_TSRESOL = 9
 _PCAP_LINKTYPE_MASK = 0xFFFF  # of a pcap link type field; the upper 16 bits say whether frames end in an FCS
 _OPT_TSOFFSET = 14
@@ -190,37 +199,41 @@ class _Interface:
 
 
 def _pcapng_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, bytes]]:
+    size = os.fstat(f.fileno()).st_size
     little = True
     interfaces: list[_Interface] = []
     last_ts = 0
     while True:
+        start = f.tell()
         head = f.read(8)
         if len(head) < 8:
             return
-        if head[:4] == PCAPNG_MAGIC:  # section header: byte order may change, interfaces reset
-            bom = f.read(4)
+        section = head[:4] == PCAPNG_MAGIC  # a section header: byte order may change, interfaces reset
+        bom = f.read(4) if section else b""
+        if bom in _PCAPNG_BYTE_ORDERS:
             little = bom == _PCAPNG_BYTE_ORDER_LE
-            length = struct.unpack("<I" if little else ">I", head[4:])[0]
-            if len(f.read(length - 12)) < length - 12:
-                stats.truncated_file = True
+        order = "<" if little else ">"
+        block_type, length = struct.unpack(order + "II", head)
+        whole = block_fits(block_type, length, start, size) and (not section or bom in _PCAPNG_BYTE_ORDERS)
+        body = bom + f.read(length - 8 - len(bom)) if whole else b""
+        if not whole or body[-4:] != head[4:]:  # cut short (or damaged): a next section may follow it
+            stats.truncated_file = True
+            if not _seek_section(f, start + 1):
                 return
+            continue
+        if section:
             interfaces = []
             continue
-        order = "<" if little else ">"
         epb, pb = _EPB[order], _PB[order]
-        block_type, length = struct.unpack(order + "II", head)
-        body = f.read(length - 8)
-        if length < 12 or len(body) < length - 8:
-            stats.truncated_file = True
-            return
         if block_type == _PCAPNG_IDB:
             block = head + body
             cls = dpkt.pcapng.InterfaceDescriptionBlockLE if little else dpkt.pcapng.InterfaceDescriptionBlock
             try:
                 interfaces.append(_interface(cls(block), order))
             except (dpkt.UnpackError, struct.error, IndexError) as exc:
-                at = f.tell() - length
-                raise ValueError(f"a damaged pcapng interface description block at byte {at}: {exc}") from exc
+                raise ValueError(
+                    f"a damaged pcapng interface description block at byte {start}: {exc}"
+                ) from exc
         elif block_type in (_PCAPNG_EPB, _PCAPNG_PB):
             # EPB: interface (32), stamp (2 x 32), captured and original lengths; PB: interface
             # and drops (16 + 16), then the same. Read by hand: this runs for every packet.
@@ -238,6 +251,32 @@ def _pcapng_frames(f: BinaryIO, stats: PacketStats) -> Iterator[tuple[int, int, 
             iface = interfaces[0]
             captured = min(original, iface.snaplen or original, len(body) - 8)
             yield last_ts, iface.linktype, bytes(body[4 : 4 + captured])
+
+
+def block_fits(block_type: int, length: int, start: int, size: int) -> bool:
+    """Whether a pcapng block of this type and length can start at ``start`` of a file of ``size``
+    bytes: long enough for its fields, a multiple of 4, within the file, and not so long
+    that it must be damage (it would be read whole)."""
+    return (
+        _MIN_BLOCK.get(block_type, 12) <= length <= _MAX_BLOCK and not length % 4 and start + length <= size
+    )
+
+
+def _seek_section(f: BinaryIO, start: int) -> bool:
+    """Move to the next section header block from ``start`` on (files written one after the
+    other, the first cut short); False when there is none."""
+    f.seek(start)
+    data = b""
+    while chunk := f.read(_SEARCH_CHUNK):
+        data = data[-11:] + chunk  # a header may straddle two chunks
+        base = f.tell() - len(data)
+        at = data.find(PCAPNG_MAGIC)
+        while at != -1 and at + 12 <= len(data):
+            if data[at + 8 : at + 12] in _PCAPNG_BYTE_ORDERS:
+                f.seek(base + at)
+                return True
+            at = data.find(PCAPNG_MAGIC, at + 1)
+    return False
 
 
 def _interface(idb: dpkt.pcapng.InterfaceDescriptionBlock, order: str) -> _Interface:

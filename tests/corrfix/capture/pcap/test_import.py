@@ -473,6 +473,25 @@ def test_truncated_pcap_file_keeps_whole_packets(tmp_path):
     assert frames(read_capture(tmp_path / "out").to_pylist()) == expected(exchanges)
 
 
+@pytest.mark.parametrize("cut", [30, 200])
+def test_pcapng_files_concatenated_after_one_cut_short(tmp_path, cut):
+    """``cat a.pcapng b.pcapng`` is a valid pcapng of two sections, but when tcpdump was killed
+    while writing ``a``, its last block runs into ``b``: ``b`` is read from its section header
+    on, and the file is said to be cut."""
+    exchanges = session(n_produce=12)
+    first, second = TcpSession(client=("10.0.0.1", 40001)), TcpSession(client=("10.0.0.1", 40002))
+    a = write_capture(tmp_path / "a.pcapng", first, timed(full_session(first, exchanges)), pcapng=True)
+    b = write_capture(tmp_path / "b.pcapng", second, timed(full_session(second, exchanges)), pcapng=True)
+    source = tmp_path / "in.pcapng"
+    source.write_bytes(a.read_bytes()[:-cut] + b.read_bytes())
+    stats = import_pcap(source, tmp_path / "out", [9092])
+    assert stats.truncated_file
+    rows = read_capture(tmp_path / "out").to_pylist()
+    second_rows = [r for r in rows if r["connection_id"] == "10.0.0.1:40002-10.0.0.2:9092"]
+    assert frames(second_rows) == expected(exchanges)
+    assert [r["reason"] for r in second_rows if r["kind"] != "frame"] == ["syn", "fin"]
+
+
 def test_not_a_capture_file(tmp_path):
     bogus = tmp_path / "bogus.pcap"
     bogus.write_bytes(struct.pack(">I", 0x12345678) + b"\0" * 40)
