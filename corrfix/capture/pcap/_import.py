@@ -59,7 +59,7 @@ from corrfix.capture.pcap._provenance import (
     file_sha256,
     file_stem,
 )
-from corrfix.capture.pcap._tcp_stream import Piece, StreamReassembler, sequence_after
+from corrfix.capture.pcap._tcp_stream import HeldBudget, Piece, StreamReassembler, sequence_after
 from corrfix.capture.pcap._wire_frames import (
     RESPONSE_LOOKBACK,
     FrameSplitter,
@@ -261,6 +261,7 @@ class WireConnection:
         ts_ns: int,
         syn: bool,
         max_frame_size: int,
+        budget: HeldBudget | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.client = client
@@ -274,8 +275,8 @@ class WireConnection:
         )
         self._pending_count = 0
         self._highest_id: int | None = None
-        self.to_server = StreamReassembler()
-        self.to_client = StreamReassembler()
+        self.to_server = StreamReassembler(budget=budget)
+        self.to_client = StreamReassembler(budget=budget)
         self.requests = FrameSplitter(RequestBoundary(max_frame_size=max_frame_size), synced=False)
         self.responses = FrameSplitter(
             ResponseBoundary(self._lookup, self._pending_ids, self._highest, max_frame_size=max_frame_size),
@@ -628,6 +629,8 @@ class WireImporter:
         self.kafka_ports = frozenset(kafka_ports)
         self.max_frame_size = max_frame_size
         self.stats = ImportStats()
+        self.held = HeldBudget()
+        """Bytes held behind holes by every connection's streams: bounded as a whole."""
         self._open: dict[tuple[Endpoint, Endpoint], WireConnection] = {}
         self._closed: set[tuple[Endpoint, Endpoint]] = set()
         self._uses: collections.Counter[tuple[Endpoint, Endpoint]] = collections.Counter()
@@ -692,7 +695,9 @@ class WireImporter:
         connection_id = f"{format_address(*client)}-{format_address(*server)}"
         if use:
             connection_id += f"#{use + 1}"
-        conn = WireConnection(connection_id, client, server, seg.ts_ns, seg.syn, self.max_frame_size)
+        conn = WireConnection(
+            connection_id, client, server, seg.ts_ns, seg.syn, self.max_frame_size, self.held
+        )
         self._open[key] = conn
         self.stats.connections += 1
         return conn

@@ -12,7 +12,8 @@ A hole is held open while a retransmission may still fill it. It is declared a g
   turn up soon after in the capture (see :meth:`StreamReassembler.acknowledges_unseen`
   and the connection's deferral of such acknowledgements in :mod:`._import`);
 * the snap length cut a segment short (those bytes are in no packet of this capture);
-* more than ``max_held_bytes`` wait behind it; or
+* more than ``max_held_bytes`` wait behind it, or more than a :class:`HeldBudget`'s limit
+  behind the holes of every stream sharing it (this one's then go first); or
 * the stream ends (:meth:`finish`).
 
 Offsets count from the first byte after the SYN. When the capture started mid-stream,
@@ -35,6 +36,22 @@ from typing import NamedTuple
 _SEQ_MOD = 1 << 32
 _HALF = 1 << 31
 DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_HELD_TOTAL = 256 * 1024 * 1024
+
+
+class HeldBudget:
+    """Bytes held behind holes by every stream of one import, bounded as a whole: a capture of
+    one direction only (``tcpdump dst port 9092``) that drops packets holds bytes behind a
+    hole on every connection at once, each within its own bound.
+
+    The stream that goes over it gives up its own holes first, so the total never stays over
+    the limit after a segment is read, and no stream is made to skip for another's sake."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int = DEFAULT_MAX_HELD_TOTAL) -> None:
+        self.held = 0
+        self.limit = limit
 
 
 def sequence_after(seq: int, other: int) -> bool:
@@ -64,8 +81,11 @@ Piece = Data | Gap
 class StreamReassembler:
     """In-order delivery of one TCP direction; memory bounded by ``max_held_bytes``."""
 
-    def __init__(self, max_held_bytes: int = DEFAULT_MAX_HELD_BYTES) -> None:
+    def __init__(
+        self, max_held_bytes: int = DEFAULT_MAX_HELD_BYTES, budget: HeldBudget | None = None
+    ) -> None:
         self.max_held_bytes = max_held_bytes
+        self.budget = HeldBudget() if budget is None else budget
         self.saw_syn = False
         self._isn: int | None = None  # sequence number of stream offset 0
         self._next = 0  # offset of the next byte to deliver
@@ -145,8 +165,10 @@ class StreamReassembler:
             return out
         heapq.heappush(self._held, (offset, next(self._order), payload, length, ts_ns))
         self._held_bytes += len(payload)
+        budget = self.budget
+        budget.held += len(payload)
         out += self._drain(ts_ns)
-        while self._held_bytes > self.max_held_bytes:
+        while self._held_bytes > self.max_held_bytes or (self._held and budget.held > budget.limit):
             out += self._skip_to(self._held[0][0], ts_ns)
         return out
 
@@ -248,6 +270,7 @@ class StreamReassembler:
         while held and held[0][0] <= self._next:
             offset, _, payload, length, ts_ns = heapq.heappop(held)
             self._held_bytes -= len(payload)
+            self.budget.held -= len(payload)
             captured_end = offset + len(payload)
             if captured_end > self._next:
                 out.append(Data(self._next, payload[self._next - offset :], ts_ns))
