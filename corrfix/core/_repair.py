@@ -14,7 +14,7 @@ and carries out the returned :class:`Actions`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -384,6 +384,8 @@ class RepairMachine:
         are in ``actions`` by then."""
         if actions is None:
             actions = Actions()
+        if self.closed is not None:
+            return actions
         sasl_v0 = self._sasl_v0
         timed: dict[int, _Request] = {}  # the first answer of each api key in the batch
         sent, order, client_order = self._sent, self._send_order, self._client_order
@@ -391,9 +393,8 @@ class RepairMachine:
         answer_events = actions.events if self._answer_events else None
         counter = None if answer_events is not None else self.counter
         plain = self._plain_answers()
-        for frame in frames:
-            if self.closed is not None:
-                break
+        remaining = iter(frames)
+        for frame in remaining:
             if plain:
                 # The usual answer, inline: to the oldest send, which is the oldest request
                 # owed to the client (so a request, not a probe), nothing to hold, no event
@@ -431,6 +432,10 @@ class RepairMachine:
                 to_client.append(frame)
                 continue
             answered = self._on_response(frame, now, actions)
+            if self.closed is not None:  # gave up: only answers read with this one still count
+                self._answers_after_give_up(remaining, actions)
+                self._release(actions, "connection closed")
+                return actions
             if answered is not None and answered.api_key not in timed:
                 timed[answered.api_key] = answered
             plain = self._plain_answers()
@@ -462,12 +467,13 @@ class RepairMachine:
         """The broker connection ended; whatever is still owed can never arrive on it."""
         if actions is None:
             actions = Actions()
-        self._deliver_ready(actions)
         if self.closed is None:
+            self._deliver_ready(actions)
             owed = len(self._client_order)
             reason = "upstream closed" + (f" with {owed} requests unanswered" if owed else "")
-            self._flag_undelivered_produces(actions, "upstream closed before the answer reached the client")
-            self._close(actions, reason)
+            self.closed = reason
+            actions.close = reason
+            self._release(actions, "upstream closed")
         return actions
 
     def tick(self, now: float, actions: Actions | None = None) -> Actions:
@@ -483,6 +489,7 @@ class RepairMachine:
                 waited += self._held_for_rebalance(oldest)
             if now >= oldest.first_sent + waited:
                 self._give_up(oldest, actions, f"unanswered after {waited:g}s")
+                self._release(actions, "connection closed")
                 return actions
         due = self._probe_due()
         if due is not None and now >= due:
@@ -638,13 +645,7 @@ class RepairMachine:
             )
         elif self.counter is not None:
             self.counter.answer(api_key, now - entry.first_sent)
-        if self._transform is not None:
-            rewritten = self._transform(api_key, entry.api_version, frame)
-            if rewritten is not frame:
-                frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
-        if self._compat_client is not None and api_key == _API_VERSIONS:
-            frame = self._compat_answer(entry, frame, actions)
-        _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)  # read as an int32
+        frame = self._for_client(entry, frame, actions)
         if entry is self._sasl_handshake:
             self._sasl_handshake = None
             self._sasl_v0.handshake_answered(frame)
@@ -658,6 +659,33 @@ class RepairMachine:
             entry.response = frame
             self._held_bytes += len(frame)
         return entry if entry.attempts == 1 else None  # Karn's rule: a re-sent request's latency is ambiguous
+
+    def _for_client(self, entry: _Request, frame: bytearray, actions: Actions) -> bytearray:
+        """The answer as the client gets it: rewritten, if it must be, with the client's id."""
+        api_key = entry.api_key
+        if self._transform is not None:
+            rewritten = self._transform(api_key, entry.api_version, frame)
+            if rewritten is not frame:
+                frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
+        if self._compat_client is not None and api_key == _API_VERSIONS:
+            frame = self._compat_answer(entry, frame, actions)
+        _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)  # read as an int32
+        return frame
+
+    def _answers_after_give_up(self, frames: Iterator[bytearray], actions: Actions) -> None:
+        """The rest of the read in which the machine gave up: answers already received, so
+        those the client is owed before the request given up still reach it (by the close's
+        delivery, in the client's order). Nothing is repaired or re-sent any more: each answer
+        is only matched to its send."""
+        sent = self._sent
+        for frame in frames:
+            if len(frame) < RESPONSE_CORRELATION_OFFSET + 4:
+                return  # a frame too short for a header: nothing after it is read
+            (upstream_id,) = _read_id(frame, RESPONSE_CORRELATION_OFFSET)
+            entry = sent.pop(upstream_id, None)
+            if isinstance(entry, _Request):
+                entry.response = self._for_client(entry, frame, actions)
+                self._held_bytes += len(entry.response)
 
     def _skip_before(self, seq: int, now: float, actions: Actions, evidence: str) -> int:
         """Every send older than ``seq`` lost its answer: re-queue the requests among them."""
@@ -838,7 +866,8 @@ class RepairMachine:
         )
 
     def _give_up(self, request: _Request, actions: Actions, reason: str) -> None:
-        self._flag_undelivered_produces(actions, "connection closed before the answer reached the client")
+        """Close the client connection. Its caller releases the state (:meth:`_release`) once
+        nothing already received is left to match."""
         actions.events.append(
             Repaired(
                 RepairKind.GIVE_UP,
@@ -849,7 +878,9 @@ class RepairMachine:
                 reason=reason,
             )
         )
-        self._close(actions, f"gave up on {api_name(request.api_key)} request: {reason}")
+        reason = f"gave up on {api_name(request.api_key)} request: {reason}"
+        self.closed = reason
+        actions.close = reason
 
     def _flag_undelivered_produces(self, actions: Actions, why: str) -> None:
         """The client re-sends these after the disconnect, and the broker may already have
@@ -868,10 +899,11 @@ class RepairMachine:
                     )
                 )
 
-    def _close(self, actions: Actions, reason: str) -> None:
+    def _release(self, actions: Actions, ending: str) -> None:
+        """The connection is closed: deliver the answers that are ready, flag the Produces
+        whose answer the client never gets (``ending`` says how), and drop the rest."""
         self._deliver_ready(actions)
-        self.closed = reason
-        actions.close = reason
+        self._flag_undelivered_produces(actions, f"{ending} before the answer reached the client")
         self._sent.clear()
         self._send_order.clear()
         self._client_order.clear()

@@ -353,6 +353,30 @@ def test_disconnect_policy_refuses_to_resend_a_non_idempotent_produce():
     assert actions.close is not None and "non-idempotent" in actions.close
 
 
+def test_a_give_up_still_delivers_the_answers_read_with_the_answer_that_caused_it():
+    """Nothing received is lost on a close: an answer that arrived in the same read as the one
+    that made the machine give up, to a request the client is owed before the one given up,
+    reaches the client. A probe lets the re-send of the first request overtake the second."""
+    machine = RepairMachine(RepairConfig(produce_policy="disconnect"))
+    machine.client_frames([request_frame(ApiKey.METADATA, 10, 1)], 0.0)  # upstream id 0
+    assert len(machine.tick(CONFIG.probe_after).to_upstream) == 1  # a probe, id 1
+    machine.client_frames(
+        [request_frame(ApiKey.PRODUCE, 11, 2), request_frame(ApiKey.METADATA, 12, 3)], 1.0
+    )  # ids 2 and 3
+    (resent,) = machine.upstream_frames([response_frame(1, 0)], 1.01).to_upstream  # 0's answer lost
+    resent_id = int.from_bytes(resent[8:12], "big")
+    assert resent_id == 4
+    # The Produce's answer was lost, and corrfix must not re-send it: it gives up on the
+    # connection. The answer to the Metadata re-sent is in the same read.
+    actions = machine.upstream_frames([response_frame(3, 3), response_frame(resent_id, 1)], 1.02)
+    assert actions.close is not None and "non-idempotent" in actions.close
+    assert [(int.from_bytes(f[4:8], "big"), f[8:16]) for f in actions.to_client] == [
+        (10, (1).to_bytes(8, "big"))
+    ]
+    flagged = [e.client_correlation_id for e in actions.repairs if e.kind is RepairKind.POSSIBLE_DUPLICATE]
+    assert flagged == [11]  # the Produce given up, whose answer the broker may have lost after appending
+
+
 def test_requeue_policy_flags_a_possible_duplicate():
     machine = RepairMachine(CONFIG)
     machine.client_frames([request_frame(ApiKey.PRODUCE, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
