@@ -8,11 +8,20 @@ its variation (RFC 6298's estimator), bounded by the configured minimum and maxi
 
 from __future__ import annotations
 
+import sys
+
 _ALPHA = 0.125
 _BETA = 0.25
 _K = 4.0
 _KEEP_SRTT, _KEEP_RTTVAR = 1 - _ALPHA, 1 - _BETA
 """Weights of the old estimates, computed once rather than per sample."""
+_SMALLEST_NORMAL = sys.float_info.min
+"""Below this, floats are subnormal. Samples of 0 (a busy consumer's Fetch, answered before its
+max wait, less that hold) decay both estimates geometrically, and RFC 6298's arithmetic then
+keeps them at the smallest subnormals for good (7/8 of one rounds back to it), each operation
+on which takes a microcode assist: half as much again per sample, for the connection's life.
+They are flushed to 0 there, which costs a comparison only when the timeout is below the
+minimum."""
 
 
 class RetransmitTimer:
@@ -39,6 +48,8 @@ class RetransmitTimer:
             srtt = _KEEP_SRTT * srtt + _ALPHA * sample
         timeout = srtt + _K * rttvar  # bounded by hand: min() and max() cost twice as much
         if timeout < self.minimum:
+            if timeout < _SMALLEST_NORMAL:
+                srtt = rttvar = 0.0  # flushed (see _SMALLEST_NORMAL); 0 is exact and quick
             timeout = self.minimum
         elif timeout > self.maximum:
             timeout = self.maximum

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,3 +41,18 @@ def test_minimum_above_maximum_is_clamped():
     timer = RetransmitTimer(2.0, 1.0)
     timer.observe(0, 0.0)
     assert timer.timeout(0) == 1.0
+
+
+def test_samples_of_zero_never_leave_the_estimates_subnormal():
+    """A busy consumer's Fetch is answered before its max wait, so each sample, less the
+    hold, is 0. The estimates then decay geometrically: RFC 6298's arithmetic would keep them
+    at the smallest subnormal floats for good, whose every operation takes a microcode assist
+    (observe() took half as long again), once per batch of answers for the connection's life."""
+    timer = RetransmitTimer(MINIMUM, MAXIMUM)
+    timer.observe(1, 0.01)
+    for _ in range(10_000):
+        timer.observe(1, 0.0)
+    _, srtt, rttvar = timer._estimates[1]
+    assert srtt == 0.0 or srtt >= sys.float_info.min
+    assert rttvar == 0.0 or rttvar >= sys.float_info.min
+    assert timer.timeout(1) == MINIMUM
