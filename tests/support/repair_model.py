@@ -130,7 +130,12 @@ class Harness:
             self.network.append(bytearray(answer))
 
     def network_delivers_one(self) -> None:
-        self._apply(self.machine.upstream_frames([self.network.pop(0)], self.now))
+        self.network_delivers(1)
+
+    def network_delivers(self, count: int) -> None:
+        """Up to ``count`` answers in one read, as a shell hands over what one receive framed."""
+        frames, self.network[:count] = self.network[:count], []
+        self._apply(self.machine.upstream_frames(frames, self.now))
         if self.delayed and not self.network:
             self.network.append(self.delayed.pop(0))
 

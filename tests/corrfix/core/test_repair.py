@@ -54,7 +54,7 @@ settings_of_the_proxy = st.fixed_dictionaries(
 def run_interleaved(harness: Harness, requests: list[ClientRequest], data: st.DataObject) -> None:
     pending = deque(requests)
     while pending:
-        step = data.draw(st.sampled_from(["send", "broker", "network", "time"]))
+        step = data.draw(st.sampled_from(["send", "broker", "network", "read", "time"]))
         if step == "send" or not (harness.broker_inbox or harness.network or harness.delayed):
             if harness.machine.accepting_requests and harness.closed is None:
                 harness.client_sends(pending.popleft())
@@ -69,6 +69,10 @@ def run_interleaved(harness: Harness, requests: list[ClientRequest], data: st.Da
             if not harness.network:
                 harness.network.append(harness.delayed.pop(0))
             harness.network_delivers_one()
+        elif step == "read" and (harness.network or harness.delayed):  # several answers in one read
+            if not harness.network:
+                harness.network.append(harness.delayed.pop(0))
+            harness.network_delivers(data.draw(st.integers(2, 6)))
         elif step == "time":
             harness.time_passes(data.draw(st.sampled_from([0.001, 0.05, 0.5, 2.0])))
         if harness.closed is not None:
