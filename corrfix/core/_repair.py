@@ -17,6 +17,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from itertools import chain
 from typing import Literal
 
 from corrfix.core._events import Answered, Event, FlowCounter, Forwarded, Repaired, RepairKind
@@ -432,8 +433,8 @@ class RepairMachine:
                 to_client.append(frame)
                 continue
             answered = self._on_response(frame, now, actions)
-            if self.closed is not None:  # gave up: only answers read with this one still count
-                self._answers_after_give_up(remaining, actions)
+            if self.closed is not None:  # gave up: only the answers read, this one included, count
+                self._answers_after_give_up(chain((frame,), remaining), actions)
                 self._release(actions, "connection closed")
                 return actions
             if answered is not None and answered.api_key not in timed:
@@ -673,10 +674,10 @@ class RepairMachine:
         return frame
 
     def _answers_after_give_up(self, frames: Iterator[bytearray], actions: Actions) -> None:
-        """The rest of the read in which the machine gave up: answers already received, so
-        those the client is owed before the request given up still reach it (by the close's
-        delivery, in the client's order). Nothing is repaired or re-sent any more: each answer
-        is only matched to its send."""
+        """The answer that made the machine give up and the rest of its read: answers already
+        received, so those the client is owed before the request given up still reach it (by
+        the close's delivery, in the client's order; a re-send can overtake a later request).
+        Nothing is repaired or re-sent any more: each answer is only matched to its send."""
         sent = self._sent
         for frame in frames:
             if len(frame) < RESPONSE_CORRELATION_OFFSET + 4:

@@ -381,6 +381,20 @@ def test_a_give_up_still_delivers_the_answers_read_with_the_answer_that_caused_i
     assert flagged == [11]  # the Produce given up, whose answer the broker may have lost after appending
 
 
+def test_a_give_up_still_delivers_the_answer_that_caused_it_when_it_is_owed_first():
+    """The answer that proves a loss can itself be owed to the client before the request it
+    proves lost (its re-send overtook that request): giving up must not drop it."""
+    machine = RepairMachine(RepairConfig(produce_policy="disconnect"))
+    machine.client_frames([request_frame(ApiKey.METADATA, 10, 1)], 0.0)  # upstream id 0
+    assert len(machine.tick(CONFIG.probe_after).to_upstream) == 1  # a probe, id 1
+    machine.client_frames([request_frame(ApiKey.PRODUCE, 11, 2)], 1.0)  # id 2
+    (resent,) = machine.upstream_frames([response_frame(1, 0)], 1.01).to_upstream  # 0's answer lost
+    assert int.from_bytes(resent[8:12], "big") == 3
+    actions = machine.upstream_frames([response_frame(3, 1)], 1.02)  # and the Produce's too
+    assert actions.close is not None and "non-idempotent" in actions.close
+    assert [int.from_bytes(f[4:8], "big") for f in actions.to_client] == [10]
+
+
 def test_requeue_policy_flags_a_possible_duplicate():
     machine = RepairMachine(CONFIG)
     machine.client_frames([request_frame(ApiKey.PRODUCE, 1, 1), request_frame(ApiKey.METADATA, 2, 2)], 0.0)
