@@ -319,6 +319,7 @@ class ConnectionCore:
         self.abandon_client = True
         self._stop_reading_client()
         self._out.to_client.clear()
+        self.machine.client_gone()
         self._close_upstream(reason)
         if self.end_client and not self.aborted:
             # The proxy was delivering its last answers: with the client gone nothing is left

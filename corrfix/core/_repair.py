@@ -207,6 +207,7 @@ class RepairMachine:
     __slots__ = (
         "_acks0",
         "_answer_events",
+        "_client_gone",
         "_client_order",
         "_compat_client",
         "_flow_events",
@@ -283,6 +284,8 @@ class RepairMachine:
         self._sasl_pending = 0
         # No request outside PREAMBLE_KEYS sent yet: no probes.
         self._preamble = True
+        # The client left (client_gone()): nothing more is sent upstream.
+        self._client_gone = False
         # The client software (KIP-511) when it misreads ApiVersions' tagged fields.
         self._compat_client: str | None = None
         self.closed: str | None = None
@@ -476,6 +479,13 @@ class RepairMachine:
             actions.close = reason
             self._release(actions, "upstream closed")
         return actions
+
+    def client_gone(self) -> None:
+        """The client left, and the shell ends the broker's stream after the requests already
+        sent: a probe or a re-send could only follow that end of stream, and no client waits
+        for what it would repair. Answers are still matched until the broker closes, and
+        Produces left unanswered are flagged then, as always."""
+        self._client_gone = True
 
     def tick(self, now: float, actions: Actions | None = None) -> Actions:
         """Time passed: send a probe when the oldest send is overdue, give up past the deadline."""
@@ -723,6 +733,8 @@ class RepairMachine:
         return skipped
 
     def _requeue(self, request: _Request, now: float, actions: Actions) -> None:
+        if self._client_gone:
+            return  # owed to no one: left unanswered, as the broker's close finds it
         if request.attempts > self.config.max_requeues:
             self._give_up(request, actions, f"answer lost {request.attempts} times")
             return
@@ -827,6 +839,8 @@ class RepairMachine:
         # Only while RELAYING (self.phase, spelt out: this runs on every receive). A probe
         # now could land before or inside a SASL exchange.
         if self._preamble or self._sasl_pending or self._sasl_v0.active or self.closed is not None:
+            return None
+        if self._client_gone:
             return None
         if not self._client_order:
             return None  # nothing owed to the client: a probe could only find a probe's answer lost

@@ -115,6 +115,23 @@ def test_a_lost_client_gets_nothing_more_but_its_requests_still_reach_the_broker
     assert core.close_reason == "client connection lost: reset"
 
 
+def test_nothing_follows_the_brokers_end_of_stream_after_a_client_is_lost():
+    """A lost client ends the broker's stream at once, with answers still owed: a probe or a
+    re-send after it cannot be sent (the engine drops it, trio's outbox keeps it), and would
+    only follow the end of stream. The machine stops repairing once the client is gone."""
+    core = make_core()
+    core.receive_client(request_frame(ApiKey.METADATA, 1, 1) + request_frame(ApiKey.METADATA, 2, 2), 1.0)
+    assert len(core.take_upstream()) == 2
+    core.client_lost("client connection lost: reset", 1.5)
+    core.upstream_flushed(1.5)
+    for now in (2.0, 2.5, 4.0, 9.0):
+        core.tick(now)
+        assert core.take_upstream() == []
+    core.receive_upstream(response_frame(1, 2), 9.5)  # the first answer lost: no re-send either
+    assert core.take_upstream() == []
+    assert core.take_client() == []
+
+
 def test_a_stalled_request_frame_closes_the_client_but_backpressure_does_not_age_it():
     frame = request_frame(ApiKey.METADATA, 1, 1)
     core = make_core()
@@ -357,14 +374,16 @@ OPERATIONS = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(OPERATIONS)
 def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_keep_up(operations):
+    """Nor is the broker, after its end of stream."""
     core = make_core()
     now = 0.0
     flags = ("stop_client", "abandon_client", "end_upstream", "end_client", "stop_upstream", "aborted")
     before = dict.fromkeys(flags, False)
     token = 0
+    ended = False  # the broker's stream was ended
     for op, a, b in operations:
         now += 0.5
-        if op == "request":
+        if op == "request" and not core.stop_client:  # a shell reads no client it stopped reading
             token += 1
             core.receive_client(request_frame(a, token, token, acks=b), now)
         elif op == "answer":
@@ -378,15 +397,18 @@ def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_kee
             core.client_lost("lost", now)
         elif op == "flushed" and core.end_upstream:
             core.upstream_flushed(now)
+            ended = True
         elif op == "drain":
             core.drain(now)
         elif op == "upstream_eof":
             core.receive_upstream(b"", now)
         delivered = core.take_client()
-        core.take_upstream()
+        sent = core.take_upstream()
         core.take_events()
         if core.abandon_client:
             assert delivered == []
+        if ended and op != "flushed":
+            assert sent == [], f"sent to the broker after its end of stream, on {op}"
         for flag in flags:
             assert getattr(core, flag) or not before[flag], f"{flag} turned off after {op}"
             before[flag] = getattr(core, flag)
