@@ -21,6 +21,7 @@ import collections
 import io
 import random
 import socket
+import struct
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,24 +184,54 @@ def snap(segments: list[TcpSegment], snaplen: int) -> list[TcpSegment]:
     return [seg._replace(payload=seg.payload[:keep]) for seg in segments]
 
 
-def write_pcap(path: Path, segments: Iterable[TcpSegment], snaplen: int | None = None) -> Path:
-    """Write segments as an Ethernet pcap with nanosecond stamps; snapped payloads stay snapped."""
+LINKS = ("ipv4", "ipv4-options", "ipv6", "ipv6-offload", "vlan", "qinq-ipv6", "null", "null-ipv6")
+"""How :func:`write_pcap` can wrap TCP: Ethernet with IPv4 (plain or with options) or IPv6
+(its payload length given, or 0 as with segmentation offload), behind one VLAN tag or two,
+or BSD loopback's 4-byte family (macOS ``lo0``)."""
+_V6_ADDRESSES = {"10.0.0.1": "fd00::1", "10.0.0.2": "fd00::2"}
+
+
+def _network(seg: TcpSegment, tcp: bytes, link: str) -> bytes:
+    """The IP packet of a segment, as ``link`` says."""
+    if "ipv6" in link:
+        src, dst = (
+            socket.inet_pton(socket.AF_INET6, _V6_ADDRESSES.get(a, "fd00::9")) for a in (seg.src, seg.dst)
+        )
+        length = 0 if link == "ipv6-offload" else len(tcp)
+        return struct.pack(">IHBB", 6 << 28, length, dpkt.ip.IP_PROTO_TCP, 64) + src + dst + tcp
+    options = b"\x01\x01\x01\x00" if link == "ipv4-options" else b""
+    header = 20 + len(options)
+    fixed = struct.pack(
+        ">BBHHHBBH", 0x40 | header // 4, 0, header + len(tcp), 0, 0, 64, dpkt.ip.IP_PROTO_TCP, 0
+    )
+    return fixed + socket.inet_aton(seg.src) + socket.inet_aton(seg.dst) + options + tcp
+
+
+def _link(network: bytes, link: str) -> bytes:
+    ethertype = 0x86DD if "ipv6" in link else 0x0800
+    if link.startswith("null"):
+        return struct.pack("<I", 30 if "ipv6" in link else 2) + network  # AF_INET6 is 30 on macOS
+    tags = {"vlan": 1, "qinq-ipv6": 2}.get(link, 0)
+    head = b"\x04" * 6 + b"\x02" * 6
+    head += b"".join(struct.pack(">HH", 0x88A8 if n < tags - 1 else 0x8100, 100 + n) for n in range(tags))
+    return head + struct.pack(">H", ethertype) + network
+
+
+def write_pcap(
+    path: Path, segments: Iterable[TcpSegment], snaplen: int | None = None, link: str = "ipv4"
+) -> Path:
+    """Write segments as a pcap with nanosecond stamps (Ethernet, or loopback for ``null``
+    links; see :data:`LINKS`); snapped payloads stay snapped."""
     buf = io.BytesIO()
-    writer = dpkt.pcap.Writer(buf, snaplen=snaplen or 262144, linktype=dpkt.pcap.DLT_EN10MB, nano=True)
+    linktype = dpkt.pcap.DLT_NULL if link.startswith("null") else dpkt.pcap.DLT_EN10MB
+    writer = dpkt.pcap.Writer(buf, snaplen=snaplen or 262144, linktype=linktype, nano=True)
     for seg in segments:
         payload = seg.payload + bytes(seg.length - len(seg.payload))  # the IP length tells the truth
         tcp = dpkt.tcp.TCP(
             sport=seg.sport, dport=seg.dport, seq=seg.seq, ack=seg.ack, flags=seg.flags, data=payload
         )
-        ip = dpkt.ip.IP(
-            src=socket.inet_aton(seg.src),
-            dst=socket.inet_aton(seg.dst),
-            p=dpkt.ip.IP_PROTO_TCP,
-            ttl=64,
-            data=tcp,
-        )
-        frame = bytes(dpkt.ethernet.Ethernet(src=b"\x02" * 6, dst=b"\x04" * 6, type=0x0800, data=ip))
-        frame = frame[: _HEADERS + len(seg.payload)]
+        frame = _link(_network(seg, bytes(tcp), link), link)
+        frame = frame[: len(frame) - len(payload) + len(seg.payload)]
         writer.writepkt(frame, ts=seg.ts_ns / 1e9)
     path.write_bytes(buf.getvalue())
     return path

@@ -26,6 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from corrfix.capture.pcap._packets import (
+    _ETHERTYPE_IPV4,
+    _ETHERTYPE_IPV6,
+    _ETHERTYPE_VLAN,
     _FAST_IPV4,
     _MAX_BLOCK,
     _MAX_NS,
@@ -38,6 +41,12 @@ from corrfix.capture.pcap._packets import (
     _PCAPNG_PB,
     _PCAPNG_SPB,
     _PROTO_TCP,
+    _RAW_ALIASES,
+    LINKTYPE_ETHERNET,
+    LINKTYPE_LINUX_SLL,
+    LINKTYPE_LINUX_SLL2,
+    LINKTYPE_LOOP,
+    LINKTYPE_NULL,
     PCAPNG_MAGIC,
     PacketStats,
     TcpSegment,
@@ -275,8 +284,11 @@ def _chain(
 
 def _segments(mm: mmap.mmap, table: _Table, stats: PacketStats) -> Iterator[TcpSegment]:
     """The table's segments, a chunk of packets at a time (the payloads are copies)."""
+    v6: dict[bytes, int] = {}
     for first in range(0, len(table.offsets), _CHUNK):
-        yield from _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats).segments()
+        yield from _chunk_columns(
+            mm, table, first, min(first + _CHUNK, len(table.offsets)), stats, v6
+        ).segments()
 
 
 @dataclass(slots=True)
@@ -288,7 +300,7 @@ class PacketColumns:
     data: mmap.mmap
     index: _Ints
     ts_ns: _Ints
-    src: _Ints  # IPv4 addresses as numbers; ``addresses`` names them
+    src: _Ints  # addresses as numbers (IPv4's own, IPv6 numbered from 2**32); ``addresses`` names them
     sport: _Ints
     dst: _Ints
     dport: _Ints
@@ -359,13 +371,14 @@ def packet_columns(path: Path, stats: PacketStats | None = None) -> Iterator[Pac
         if table is None:
             yield None
             return
+        v6: dict[bytes, int] = {}
         chunks = [
-            _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats)
+            _chunk_columns(mm, table, first, min(first + _CHUNK, len(table.offsets)), stats, v6)
             for first in range(0, len(table.offsets), _CHUNK)
         ]
         stats.truncated_file = table.truncated
         if not chunks:
-            chunks = [_chunk_columns(mm, table, 0, 0, stats)]
+            chunks = [_chunk_columns(mm, table, 0, 0, stats, v6)]
         if len(chunks) == 1:
             yield chunks[0]
             return
@@ -388,45 +401,50 @@ def big_endian(buffer: mmap.mmap | bytes, at: _Ints, width: int, signed: bool = 
     return every[at].astype(np.int64)
 
 
-def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats) -> PacketColumns:
+class _Fields:
+    """The TCP segments one way of reading found, as columns (positions within the chunk)."""
+
+    __slots__ = ("ack", "dport", "dst", "flags", "length", "rows", "seq", "sport", "src", "start", "stop")
+
+    def __init__(
+        self, rows: _Ints, src: _Ints, dst: _Ints, tcp: _Ints, mm: mmap.mmap, data: npt.NDArray[np.uint8]
+    ) -> None:
+        self.rows, self.src, self.dst = rows, src, dst
+        self.sport, self.dport = big_endian(mm, tcp, 2), big_endian(mm, tcp + 2, 2)
+        self.seq, self.ack = big_endian(mm, tcp + 4, 4), big_endian(mm, tcp + 8, 4)
+        self.flags = data[tcp + 13].astype(np.int64)
+        self.start = self.stop = self.length = np.zeros(0, np.int64)
+
+
+def _chunk_columns(
+    mm: mmap.mmap, table: _Table, first: int, stop: int, stats: PacketStats, v6: dict[bytes, int]
+) -> PacketColumns:
+    """The chunk's packets in columns: IPv4 without options as ``_packets._parse``'s quick
+    unpack reads it, and every other IPv4 or plain IPv6 packet (VLAN tags, loopback captures,
+    options) as its general path does; the rest, parsed one by one, in ``others``. ``v6``: the
+    file's IPv6 addresses, numbered as met, so every chunk names them alike."""
     offsets = table.offsets[first:stop]
     captured = table.captured[first:stop]
     linktypes = table.linktypes[first:stop]
     count = len(offsets)
     data = np.frombuffer(mm, np.uint8)
-    fast = np.zeros(count, bool)
-    ip = np.zeros(count, np.int64)
-    for linktype, (at, ethertype_at) in _FAST_IPV4.items():
-        mine = (linktypes == linktype) & (captured >= at + _IPV4_TCP_SIZE)
-        if ethertype_at is not None:
-            where = offsets[mine] + ethertype_at
-            ok = (data[where] == 0x08) & (data[where + 1] == 0x00)
-            mine[np.flatnonzero(mine)[~ok]] = False
-        fast |= mine
-        ip[mine] = offsets[mine] + at
-    rows = np.flatnonzero(fast)
-    base = ip[rows]
+    ends = offsets + captured
+    quick = _quick_ipv4(mm, data, offsets, captured, linktypes)
+    general = _general_ip(mm, data, offsets, ends, linktypes, quick.rows, v6)
+    if len(general.rows):
+        order = np.argsort(np.concatenate([quick.rows, general.rows]), kind="stable")
 
-    def u8(at: int) -> _Ints:
-        return data[base + at].astype(np.int64)
+        def merged(name: str) -> _Ints:
+            return np.concatenate([getattr(quick, name), getattr(general, name)])[order]
+    else:
 
-    def u16(at: int) -> _Ints:
-        return big_endian(mm, base + at, 2)
+        def merged(name: str) -> _Ints:
+            return getattr(quick, name)
 
-    def u32(at: int) -> _Ints:
-        return big_endian(mm, base + at, 4)
-
-    tcp_offset = u8(32)
-    ok = (u8(0) == 0x45) & (u8(9) == _PROTO_TCP) & ((u16(6) & 0x3FFF) == 0) & (tcp_offset >= 0x50)
-    rows, base, tcp_offset = rows[ok], base[ok], tcp_offset[ok]
-    total = u16(2)
-    start = base + 20 + (tcp_offset >> 4) * 4
-    ends = offsets[rows] + captured[rows]
-    end = np.where(total > 0, base + total, ends)
-    length = np.maximum(end - start, 0)
-    payload_end = np.maximum(np.minimum(end, ends), start)
-    src, dst = u32(12), u32(16)
-    addresses = {v: _address(v.to_bytes(4, "big")) for v in np.unique(np.concatenate([src, dst])).tolist()}
+    rows, src, dst = merged("rows"), merged("src"), merged("dst")
+    numbers = np.unique(np.concatenate([src, dst]))
+    addresses = {v: _address(v.to_bytes(4, "big")) for v in numbers[numbers < _V6_FIRST].tolist()}
+    addresses.update({number: _address(packed) for packed, number in v6.items()})
     stamps = table.stamps[first:stop]
     others: list[TcpSegment] = []
     if len(rows) < count:
@@ -447,15 +465,142 @@ def _chunk_columns(mm: mmap.mmap, table: _Table, first: int, stop: int, stats: P
         rows + first,
         stamps[rows],
         src,
-        u16(20),
+        merged("sport"),
         dst,
-        u16(22),
-        u32(24),
-        u32(28),
-        u8(33),
-        start,
-        payload_end,
-        length,
+        merged("dport"),
+        merged("seq"),
+        merged("ack"),
+        merged("flags"),
+        merged("start"),
+        merged("stop"),
+        merged("length"),
         addresses,
         others,
     )
+
+
+def _quick_ipv4(
+    mm: mmap.mmap, data: npt.NDArray[np.uint8], offsets: _Ints, captured: _Ints, linktypes: _Ints
+) -> _Fields:
+    """IPv4 without options nor fragments, carrying TCP, where ``_packets._parse`` unpacks it
+    in one go (no VLAN tag): its payload runs to the IP length, whatever the TCP header says."""
+    count = len(offsets)
+    fast = np.zeros(count, bool)
+    ip = np.zeros(count, np.int64)
+    for linktype, (at, ethertype_at) in _FAST_IPV4.items():
+        mine = (linktypes == linktype) & (captured >= at + _IPV4_TCP_SIZE)
+        if ethertype_at is not None:
+            where = offsets[mine] + ethertype_at
+            ok = (data[where] == 0x08) & (data[where + 1] == 0x00)
+            mine[np.flatnonzero(mine)[~ok]] = False
+        fast |= mine
+        ip[mine] = offsets[mine] + at
+    rows = np.flatnonzero(fast)
+    base = ip[rows]
+    tcp_offset = data[base + 32].astype(np.int64)
+    ok = (
+        (data[base] == 0x45)
+        & (data[base + 9] == _PROTO_TCP)
+        & ((big_endian(mm, base + 6, 2) & 0x3FFF) == 0)
+        & (tcp_offset >= 0x50)
+    )
+    rows, base, tcp_offset = rows[ok], base[ok], tcp_offset[ok]
+    fields = _Fields(rows, big_endian(mm, base + 12, 4), big_endian(mm, base + 16, 4), base + 20, mm, data)
+    total = big_endian(mm, base + 2, 2)
+    start = base + 20 + (tcp_offset >> 4) * 4
+    ends = offsets[rows] + captured[rows]
+    end = np.where(total > 0, base + total, ends)
+    fields.start = start
+    fields.length = np.maximum(end - start, 0)
+    fields.stop = np.maximum(np.minimum(end, ends), start)
+    return fields
+
+
+# Where the network layer starts for the link types read in columns, and where their
+# ethertype is (None: the IP version decides). Ethernet's may follow up to two VLAN tags.
+_NETWORK_AT = {
+    LINKTYPE_ETHERNET: (14, 12),
+    LINKTYPE_LINUX_SLL: (16, 14),
+    LINKTYPE_LINUX_SLL2: (20, 0),
+    LINKTYPE_NULL: (4, None),
+    LINKTYPE_LOOP: (4, None),
+    **{linktype: (0, None) for linktype in _RAW_ALIASES},
+}
+_VLAN_TAGS_PEELED = 2
+_V6_FIRST = 1 << 32
+"""IPv6 addresses are numbered from here, above every IPv4 address read as a number."""
+
+
+def _general_ip(
+    mm: mmap.mmap,
+    data: npt.NDArray[np.uint8],
+    offsets: _Ints,
+    ends: _Ints,
+    linktypes: _Ints,
+    taken: _Ints,
+    v6: dict[bytes, int],
+) -> _Fields:
+    """The packets not ``taken`` that ``_packets._parse``'s general path reads (the link
+    layer, then ``_ip_payload``, then the TCP header): IPv4 of any header length and plain
+    IPv6 carrying TCP. Fragments and IPv6 extension headers are left to it (it counts them)."""
+    count = len(offsets)
+    free = np.ones(count, bool)
+    free[taken] = False
+    net = np.full(count, -1, np.int64)
+    for linktype, (at, ethertype_at) in _NETWORK_AT.items():
+        mine = np.flatnonzero((linktypes == linktype) & free)
+        if ethertype_at is None:
+            net[mine] = offsets[mine] + at
+            continue
+        mine = mine[ends[mine] >= offsets[mine] + max(at, ethertype_at + 2)]
+        ethertype = big_endian(mm, offsets[mine] + ethertype_at, 2)
+        pos = offsets[mine] + at
+        if linktype == LINKTYPE_ETHERNET:
+            for _ in range(_VLAN_TAGS_PEELED):
+                tagged = np.isin(ethertype, list(_ETHERTYPE_VLAN)) & (ends[mine] >= pos + 4)
+                ethertype[tagged] = big_endian(mm, pos[tagged] + 2, 2)
+                pos[tagged] += 4
+        ip = (ethertype == _ETHERTYPE_IPV4) | (ethertype == _ETHERTYPE_IPV6)
+        net[mine[ip]] = pos[ip]
+    rows = np.flatnonzero((net >= 0) & (ends - net >= 20))
+    base = net[rows]
+    version = data[base] >> 4
+    v4 = (version == 4) & (data[base + 9] == _PROTO_TCP) & ((big_endian(mm, base + 6, 2) & 0x3FFF) == 0)
+    v6_rows = (version == 6) & (ends[rows] - base >= 40)
+    v6_rows[v6_rows] = data[base[v6_rows] + 6] == _PROTO_TCP
+    rows = rows[v4 | v6_rows]
+    base, is_v6 = net[rows], v6_rows[v4 | v6_rows]
+    header = np.where(is_v6, 40, (data[base] & 0x0F).astype(np.int64) * 4)
+    total = np.where(is_v6, big_endian(mm, base + 4, 2), big_endian(mm, base + 2, 2))
+    total_end = np.where(is_v6, base + 40 + total, base + total)  # where the IP length ends it
+    segment = base + header
+    segment_end = np.minimum(np.where(total > 0, total_end, ends[rows]), ends[rows])
+    captured = np.maximum(segment_end - segment, 0)
+    ok = captured >= 14  # ports to flags
+    rows, base, is_v6, header, total, segment, captured = (
+        a[ok] for a in (rows, base, is_v6, header, total, segment, captured)
+    )
+    tcp_header = (data[segment + 12] >> 4).astype(np.int64) * 4
+    ok = (tcp_header >= 14) & (captured >= tcp_header)
+    rows, base, is_v6, header, total, segment, captured, tcp_header = (
+        a[ok] for a in (rows, base, is_v6, header, total, segment, captured, tcp_header)
+    )
+    src = big_endian(mm, base + 12, 4)
+    dst = big_endian(mm, base + 16, 4)
+    if is_v6.any():
+        src[is_v6] = _v6_numbers(data, base[is_v6] + 8, v6)
+        dst[is_v6] = _v6_numbers(data, base[is_v6] + 24, v6)
+    fields = _Fields(rows, src, dst, segment, mm, data)
+    tcp_length = np.where(is_v6, total, total - header)
+    fields.start = segment + tcp_header
+    fields.length = np.where(total > 0, np.maximum(tcp_length - tcp_header, 0), captured - tcp_header)
+    fields.stop = fields.start + np.minimum(fields.length, captured - tcp_header)
+    return fields
+
+
+def _v6_numbers(data: npt.NDArray[np.uint8], at: _Ints, v6: dict[bytes, int]) -> _Ints:
+    """The numbers of the IPv6 addresses at these offsets, new ones numbered as met."""
+    packed = np.ascontiguousarray(data[at[:, None] + np.arange(16)]).view("V16").ravel()
+    unique, inverse = np.unique(packed, return_inverse=True)
+    numbers = np.array([v6.setdefault(u.tobytes(), _V6_FIRST + len(v6)) for u in unique], np.int64)
+    return numbers[inverse.ravel()]
