@@ -81,7 +81,9 @@ def _lineages(t: pa.Table, order: np.ndarray, new: np.ndarray, starts: np.ndarra
     lineage = sub.column("lineage_id").chunk(0)
     alone = lineage.is_null().to_numpy(zero_copy_only=False)
     ids = pc.fill_null(lineage, 0).to_numpy(zero_copy_only=False).astype(np.int64) & 0xFFFFFFFF
-    key = combined([*(dense(sub.column(name)) for name in LINEAGE[:-1]), ids])  # one int per lineage
+    # One int per lineage; ``alone`` in it, so that a lineage numbered 0 never runs together
+    # with the sends without one (each of which counts by itself).
+    key = combined([*(dense(sub.column(name)) for name in LINEAGE[:-1]), alone.astype(np.int64), ids])
     mine = group[rows]
     by_lineage = np.lexsort((key, mine))
     key, mine_sorted = key[by_lineage], mine[by_lineage]

@@ -117,6 +117,28 @@ def test_lineages_summed_over_partitions_are_each_batchs_distinct_lineages(drawn
     assert got == {batch: len(lineages) for batch, lineages in want.items()}
 
 
+def test_a_send_without_lineage_and_a_lineage_numbered_as_its_stand_in_are_two_lineages():
+    """A send without a lineage id is one of its own; one whose lineage id happens to be the
+    number that stands in for none (0) is another. Counted as one, a batch appended twice
+    (once by each) would not be a duplicate."""
+    batch = {
+        "fact": "produce_batch",
+        "connection_id": "a",
+        "correlation_id": 0,
+        "wall_ns": 0,
+        "topic": "t",
+        "partition": 0,
+        "crc": 2,
+        "producer_id": -1,
+        "record_count": 2,
+        "batch_length": 61,
+    }
+    for drawn in ([{**batch, "lineage_id": None}, {**batch, "lineage_id": 0}],) * 2:
+        (row,) = sum_sends(_facts(drawn)).to_pylist()
+        assert (row["sends"], row["lineages"]) == (2, 2)
+        drawn.reverse()
+
+
 @settings(max_examples=100, deadline=None)
 @given(drawn=st.lists(send, max_size=40))
 def test_the_facts_pass_counts_the_rows_it_yields(drawn):
