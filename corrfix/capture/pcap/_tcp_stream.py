@@ -148,7 +148,7 @@ class StreamReassembler:
                 return []
             self._isn = seq  # mid-stream: this segment's first byte is offset 0 ...
             first, last = self._first_ack, self._last_ack
-            if first is not None and last is not None and 0 < (seq - first) % _SEQ_MOD < _HALF:
+            if first is not None and last is not None and sequence_after(seq, first):
                 self._isn = first  # ... unless the peer was waiting for earlier bytes
                 out += self.acknowledged(last, ts_ns)
         offset = self._unwrap(seq)
@@ -206,7 +206,7 @@ class StreamReassembler:
         if self._isn is None:
             if self._first_ack is None:
                 self._first_ack = ack
-            if self._last_ack is None or 0 < (ack - self._last_ack) % _SEQ_MOD < _HALF:
+            if self._last_ack is None or sequence_after(ack, self._last_ack):
                 self._last_ack = ack
             return []
         upto = self._acknowledged_end(ack)
