@@ -118,6 +118,13 @@ def _add_proxy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help=f"unanswered requests per connection before reading pauses (default {defaults.max_outstanding})",
     )
     p.add_argument(
+        "--max-outstanding-bytes",
+        type=argtypes.positive_size,
+        default=defaults.max_outstanding_bytes,
+        help="bytes of unanswered requests kept for re-sending per connection before reading "
+        f"pauses (default {defaults.max_outstanding_bytes})",
+    )
+    p.add_argument(
         "--max-held-bytes",
         type=argtypes.positive_size,
         default=defaults.max_held_bytes,
@@ -302,6 +309,7 @@ def proxy_config_from_args(args: argparse.Namespace) -> ProxyConfig:
             max_requeues=args.max_requeues,
             request_deadline=args.request_deadline,
             max_outstanding=args.max_outstanding,
+            max_outstanding_bytes=args.max_outstanding_bytes,
             max_held_bytes=args.max_held_bytes,
             produce_policy=args.produce_policy,
             client_compat=args.client_compat,

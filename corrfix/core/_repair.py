@@ -109,6 +109,10 @@ class RepairConfig:
     max_requeues: int = 3
     request_deadline: float = 300.0
     max_outstanding: int = 1000
+    max_outstanding_bytes: int = 64 * 1024 * 1024
+    """Bytes of requests kept for re-sending (sent, answer not yet delivered) before reading
+    pauses: a broker that reads eagerly (one that pipelines) could otherwise make the proxy
+    keep ``max_outstanding`` big Produces."""
     max_held_bytes: int = 64 * 1024 * 1024
     produce_policy: ProducePolicy = "requeue"
     max_probes_outstanding: int = 4
@@ -212,10 +216,12 @@ class RepairMachine:
         "_compat_client",
         "_flow_events",
         "_fresh_ids_end",
+        "_head_since",
         "_headers",
         "_held_bytes",
         "_local_answer",
         "_next_upstream_id",
+        "_outstanding_bytes",
         "_preamble",
         "_probe_backoff",
         "_probes_outstanding",
@@ -266,6 +272,10 @@ class RepairMachine:
         self._send_order: list[_Request | _Probe] = []
         # Client requests not yet answered to the client, in the client's order.
         self._client_order: list[_Request] = []
+        self._outstanding_bytes = 0  # the frames of _client_order, kept for re-sending
+        # When the oldest request owed became the oldest: a broker answers in order, so a
+        # request's deadline cannot count from before the answer to the one ahead of it.
+        self._head_since = 0.0
         # acks=0 Produce sends: upstream id -> send sequence. A reply to one is stray, but
         # proves every older send's answer was lost. Made on the first: most connections
         # never send one, and every connection would keep an empty dict's 64 bytes.
@@ -298,6 +308,12 @@ class RepairMachine:
         return len(self._client_order)
 
     @property
+    def outstanding_bytes(self) -> int:
+        """Bytes of the requests still waiting for their answer to be delivered: each is
+        kept whole, as a re-send needs it."""
+        return self._outstanding_bytes
+
+    @property
     def held_bytes(self) -> int:
         """Bytes of answers held back until an older answer arrives."""
         return self._held_bytes
@@ -308,6 +324,7 @@ class RepairMachine:
         return (
             self.closed is None
             and len(self._client_order) < self.config.max_outstanding
+            and self._outstanding_bytes < self.config.max_outstanding_bytes
             and self._held_bytes < self.config.max_held_bytes
         )
 
@@ -318,7 +335,10 @@ class RepairMachine:
             return None  # nothing owed to the client: nothing to probe for or give up on
         due = self._probe_due()
         head = client_order[0]
-        give_up = head.first_sent + self.config.request_deadline
+        since = head.first_sent
+        if since < self._head_since:
+            since = self._head_since
+        give_up = since + self.config.request_deadline
         if head.api_key == _JOIN_GROUP:
             give_up += self._held_for_rebalance(head)
         return give_up if due is None or give_up < due else due
@@ -373,6 +393,7 @@ class RepairMachine:
                 sent[upstream_id] = request
                 send_order.append(request)
                 client_order.append(request)
+                self._outstanding_bytes += len(frame)
             if flow_events:
                 actions.events.append(Forwarded(client_cid, upstream_id, api_key, api_version))
             elif counts is not None:
@@ -397,6 +418,7 @@ class RepairMachine:
         answer_events = actions.events if self._answer_events else None
         counter = None if answer_events is not None else self.counter
         plain = self._plain_answers()
+        owed = len(client_order)
         remaining = iter(frames)
         for frame in remaining:
             if plain:
@@ -427,6 +449,7 @@ class RepairMachine:
                             frame = rewritten if isinstance(rewritten, bytearray) else bytearray(rewritten)
                     _write_id(frame, RESPONSE_CORRELATION_OFFSET, entry.client_correlation_id)
                     del client_order[0]
+                    self._outstanding_bytes -= len(entry.frame)
                     to_client.append(frame)
                     if entry.attempts == 1 and api_key not in timed:
                         timed[api_key] = entry
@@ -448,6 +471,8 @@ class RepairMachine:
         client_order = self._client_order
         if client_order and client_order[0].response is not None:
             self._deliver_ready(actions)  # held answers, once per batch: the order is the client's either way
+        if len(client_order) < owed:
+            self._head_since = now
         return actions
 
     @property
@@ -498,8 +523,15 @@ class RepairMachine:
             waited = self.config.request_deadline
             if oldest.api_key == _JOIN_GROUP:
                 waited += self._held_for_rebalance(oldest)
-            if now >= oldest.first_sent + waited:
-                self._give_up(oldest, actions, f"unanswered after {waited:g}s")
+            since = oldest.first_sent
+            if since < self._head_since:
+                since = self._head_since
+            if now >= since + waited:
+                if since == oldest.first_sent:
+                    reason = f"unanswered after {waited:g}s"
+                else:
+                    reason = f"unanswered {waited:g}s after the answer before it"
+                self._give_up(oldest, actions, reason)
                 self._release(actions, "connection closed")
                 return actions
         due = self._probe_due()
@@ -553,6 +585,7 @@ class RepairMachine:
         request.response = bytearray(answer)
         self._held_bytes += len(answer)
         self._client_order.append(request)
+        self._outstanding_bytes += len(frame)
         return True
 
     def _allocate_id(self) -> int:
@@ -663,6 +696,7 @@ class RepairMachine:
         client_order = self._client_order
         if client_order[0] is entry:  # the usual case: nothing older is owed, so no need to hold it
             del client_order[0]
+            self._outstanding_bytes -= len(entry.frame)
             actions.to_client.append(frame)
             if self._sasl_pending and api_key in SASL_KEYS:
                 self._sasl_pending -= 1
@@ -790,12 +824,15 @@ class RepairMachine:
         del order[:ready]  # nothing holds these requests any longer
         to_client = actions.to_client
         held = self._held_bytes
+        kept = self._outstanding_bytes
         for request in delivered:
             response = request.response
             assert response is not None
             held -= len(response)
+            kept -= len(request.frame)
             to_client.append(response)
         self._held_bytes = held
+        self._outstanding_bytes = kept
         if self._sasl_pending:
             self._sasl_pending -= sum(1 for request in delivered if request.api_key in SASL_KEYS)
 
@@ -922,6 +959,7 @@ class RepairMachine:
         self._sent.clear()
         self._send_order.clear()
         self._client_order.clear()
+        self._outstanding_bytes = 0
         self._acks0 = None
         self._held_bytes = 0
         self._sasl_pending = 0

@@ -37,6 +37,7 @@ def random_config(rnd: random.Random) -> RepairConfig:
         max_requeues=rnd.randint(0, 3),
         request_deadline=rnd.choice([2.0, 60.0]),
         max_outstanding=rnd.choice([3, 1000]),
+        max_outstanding_bytes=rnd.choice([64, 1 << 20]),
         max_held_bytes=rnd.choice([64, 1 << 20]),
         produce_policy=rnd.choice(["requeue", "disconnect"]),
         max_probes_outstanding=rnd.randint(1, 4),
@@ -263,7 +264,7 @@ def answer_body(frame: bytes | bytearray, header: RequestHeader) -> bytes:
 def check_invariants(machine: RepairMachine, accepted: int) -> None:
     """The machine's bookkeeping is consistent after every call."""
     if machine.closed is not None:
-        assert machine.outstanding == 0 and machine.held_bytes == 0
+        assert machine.outstanding == 0 and machine.held_bytes == 0 and machine.outstanding_bytes == 0
         assert not machine.accepting_requests and machine.next_deadline() is None
         assert not machine._sent and not machine._send_order and not machine._acks0
         return
@@ -279,6 +280,7 @@ def check_invariants(machine: RepairMachine, accepted: int) -> None:
     owed_ids = {id(request) for request in owed}
     assert all(id(entry) in owed_ids for entry in order if isinstance(entry, _Request))
     assert machine.held_bytes == sum(len(r.response) for r in owed if r.response is not None)
+    assert machine.outstanding_bytes == sum(len(r.frame) for r in owed)
     assert not owed or owed[0].response is None, "a ready answer was not delivered"
     assert machine.outstanding <= accepted
     acks0 = machine._acks0 or {}  # None until the first acks=0 Produce

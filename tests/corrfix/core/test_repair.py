@@ -90,6 +90,7 @@ def test_client_sees_only_its_own_answers_in_order(requests, script, proxy, data
     if harness.closed is None:
         assert harness.delivered == expected
         assert harness.machine.outstanding == 0
+        assert harness.machine.outstanding_bytes == 0
         assert harness.machine.held_bytes == 0
     else:
         assert RepairKind.GIVE_UP in harness.events
@@ -429,6 +430,27 @@ def test_backpressure_at_max_outstanding_and_held_bytes():
     assert not machine.accepting_requests
 
 
+def test_backpressure_at_max_outstanding_bytes():
+    """Requests are kept whole until answered, for re-sending: a broker that reads eagerly
+    must not make the proxy keep max_outstanding big Produces, so their bytes pause reading too,
+    a lost answer's re-send included."""
+    big = request_frame(ApiKey.PRODUCE, 1, 1) + bytes(100)
+    big[0:4] = (len(big) - 4).to_bytes(4, "big")
+    machine = RepairMachine(RepairConfig(max_outstanding=1000, max_outstanding_bytes=len(big) + 40))
+    machine.client_frames([bytearray(big)], 0.0)
+    assert machine.outstanding_bytes == len(big)
+    assert machine.accepting_requests
+    machine.client_frames([request_frame(ApiKey.METADATA, 2, 2), request_frame(ApiKey.METADATA, 3, 3)], 0.0)
+    assert not machine.accepting_requests
+    machine.upstream_frames([response_frame(1, 2)], 0.0)  # the Produce's answer lost: re-sent, still kept
+    assert not machine.accepting_requests
+    actions = machine.upstream_frames([response_frame(2, 3), response_frame(3, 1)], 0.0)
+    assert not actions.repairs
+    assert len(actions.to_client) == 3
+    assert machine.outstanding_bytes == 0
+    assert machine.accepting_requests
+
+
 def test_request_deadline_gives_up():
     machine = RepairMachine(RepairConfig(request_deadline=5.0, max_probes_outstanding=1))
     machine.client_frames([request_frame(ApiKey.METADATA, 1, 1)], 0.0)
@@ -459,14 +481,30 @@ def test_a_join_group_gets_the_request_deadline_after_its_rebalance_timeout(vers
     assert actions.close is not None and f"unanswered after {hold + 60.0:g}s" in actions.close
 
 
-def test_a_join_group_answered_leaves_the_next_request_its_plain_deadline():
+def test_a_join_group_answered_leaves_the_next_request_its_plain_deadline_from_then():
+    """A broker answers in order: the request queued behind a JoinGroup that the coordinator
+    held for minutes could not be served before it, so its deadline counts from the JoinGroup's
+    answer. Counted from its own send, the client was cut off as the rebalance ended."""
     machine = RepairMachine(RepairConfig(request_deadline=60.0, max_probes_outstanding=0))
     (sent,) = machine.client_frames([join_group(5, rebalance_timeout_ms=300_000)], 0.0).to_upstream
     upstream_id = int.from_bytes(sent[8:12], "big")
     machine.client_frames([request_frame(ApiKey.METADATA, 8, 1)], 1.0)
     assert machine.next_deadline() == pytest.approx(360.0)
     machine.upstream_frames([response_frame(upstream_id, 0)], 200.0)
-    assert machine.next_deadline() == pytest.approx(61.0)
+    assert machine.next_deadline() == pytest.approx(260.0)
+    assert machine.tick(200.0).close is None
+    assert machine.tick(259.0).close is None
+    actions = machine.tick(260.0)
+    assert actions.close is not None and "unanswered 60s after the answer before it" in actions.close
+
+
+def test_the_deadline_of_a_request_sent_after_the_answer_before_it_counts_from_its_send():
+    machine = RepairMachine(RepairConfig(request_deadline=60.0, max_probes_outstanding=0))
+    machine.client_frames([request_frame(ApiKey.METADATA, 1, 1)], 0.0)
+    machine.upstream_frames([response_frame(0, 1)], 5.0)
+    machine.client_frames([request_frame(ApiKey.METADATA, 2, 2)], 10.0)
+    assert machine.next_deadline() == pytest.approx(70.0)
+    assert "unanswered after 60s" in (machine.tick(70.0).close or "")
 
 
 def test_an_unreadable_join_group_gets_the_plain_deadline():

@@ -85,7 +85,7 @@ def check_config(path: Path) -> subprocess.CompletedProcess[str]:
 def test_check_config_accepts_the_documented_example_without_starting():
     result = check_config(EXAMPLE)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{EXAMPLE}: valid (20 settings)"
+    assert result.stdout.strip() == f"{EXAMPLE}: valid (21 settings)"
 
 
 def test_check_config_lists_every_error_with_a_suggestion(tmp_path):

@@ -86,6 +86,58 @@ async def test_acks0_produce_gets_no_answer_and_stray_replies_are_dropped(engine
         nursery.cancel_scope.cancel()
 
 
+BIG_REQUEST = 256 * 1024
+
+
+def padded_request(correlation_id: int, size: int) -> bytes:
+    """A ListOffsets request of ``size`` bytes (its body padded), echoed whole by the broker."""
+    frame = request_frame(ApiKey.LIST_OFFSETS, correlation_id, correlation_id)
+    frame[12 + 3 : 12 + 3] = bytes(size - len(frame))  # after the header's client id "c"
+    frame[0:4] = (len(frame) - 4).to_bytes(4, "big")
+    return bytes(frame)
+
+
+async def test_a_broker_that_reads_eagerly_gets_at_most_the_outstanding_bytes(engine):
+    """Requests are kept whole for re-sending until answered, so ``max_outstanding_bytes`` pauses
+    reading the client: a broker that pipelines (reads without answering) must not make the
+    proxy keep a thousand big Produces. The broker here reads everything and answers only once
+    nothing more comes for a moment; the requests it holds unanswered stay near the bound."""
+    bound = 2 * BIG_REQUEST
+    unanswered_most = 0
+
+    async def eager_broker(stream: trio.SocketStream) -> None:
+        nonlocal unanswered_most
+        decoder, unanswered = FrameDecoder(), []
+        async with stream:
+            while True:
+                with trio.move_on_after(0.3) as quiet:
+                    data = await stream.receive_some(1 << 20)
+                if quiet.cancelled_caught:  # the proxy sends nothing more: answer what it sent
+                    await stream.send_all(b"".join(echo_answer(f, 15) for f in unanswered))
+                    unanswered.clear()
+                    continue
+                if not data:
+                    return
+                unanswered += decoder.feed(data)
+                unanswered_most = max(unanswered_most, len(unanswered))
+
+    repair = RepairConfig(probe_after=30.0, max_outstanding_bytes=bound)
+    count = 24
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, eager_broker, listeners)
+        _, port = await start_proxy(nursery, listeners[0].socket.getsockname()[1], repair, engine=engine)
+        with trio.fail_after(30):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            requests = b"".join(padded_request(i, BIG_REQUEST) for i in range(count))
+            nursery.start_soon(stream.send_all, requests)
+            got = await read_frames(stream, count)
+        assert [int.from_bytes(f[4:8], "big") for f in got] == list(range(count))
+        # The bound, plus what one receive from the client can carry past it (1 MiB, the engine's).
+        assert unanswered_most <= (bound + (1 << 20)) // BIG_REQUEST + 1
+        nursery.cancel_scope.cancel()
+
+
 async def test_client_half_close_still_gets_every_answer(engine):
     broker = FakeBroker()
     async with trio.open_nursery() as nursery:
