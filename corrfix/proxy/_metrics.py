@@ -167,6 +167,9 @@ class ProxyMetrics:
         )
         self.connections_active = Gauge("corrfix_connections_active", "Client connections open", registry=r)
         self.outstanding = Gauge("corrfix_outstanding_requests", "Requests awaiting an answer", registry=r)
+        self.outstanding_bytes = Gauge(
+            "corrfix_outstanding_request_bytes", "Requests kept for re-sending until answered", registry=r
+        )
         self.held_bytes = Gauge("corrfix_held_response_bytes", "Answers held for client order", registry=r)
         self._repair_children: dict[str, Counter] = {}
         self._tls_reloads: Callable[[], tuple[int, int, bool]] = lambda: (0, 0, False)
@@ -197,7 +200,13 @@ class ProxyMetrics:
         Without TLS both are served as zeros, so that alert rules find them everywhere."""
         self._tls_reloads = reloads
 
-    def track_live(self, outstanding: Callable[[], float], held_bytes: Callable[[], float]) -> None:
+    def track_live(
+        self,
+        outstanding: Callable[[], float],
+        outstanding_bytes: Callable[[], float],
+        held_bytes: Callable[[], float],
+    ) -> None:
         """Compute the gauges of live connections at scrape time, not per frame."""
         self.outstanding.set_function(outstanding)
+        self.outstanding_bytes.set_function(outstanding_bytes)
         self.held_bytes.set_function(held_bytes)

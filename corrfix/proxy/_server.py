@@ -66,6 +66,7 @@ class Proxy:
         if metrics is not None:
             metrics.track_live(
                 lambda: sum(c.machine.outstanding for c in list(self._live)),
+                lambda: sum(c.machine.outstanding_bytes for c in list(self._live)),
                 lambda: sum(c.machine.held_bytes for c in list(self._live)),
             )
         self._ids = itertools.count(1)

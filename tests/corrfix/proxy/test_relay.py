@@ -275,6 +275,30 @@ async def test_metrics_count_requests_answers_repairs_and_bytes(engine, observed
         assert observer.kinds["Forwarded"] == 3 and observer.kinds["Answered"] == 3
 
 
+async def test_a_scrape_shows_the_requests_kept_for_re_sending_and_their_bytes(engine):
+    metrics = ProxyMetrics()
+    broker = FakeBroker(lambda index, api_key: "answer" if api_key == ApiKey.API_VERSIONS else "lose")
+    requests = [padded_request(0, 1000), padded_request(1, 3000)]
+    async with trio.open_nursery() as nursery:
+        broker_port = await nursery.start(broker.serve)
+        config = ProxyConfig(
+            Address("127.0.0.1", 0),
+            Address("127.0.0.1", broker_port),
+            repair=RepairConfig(probe_after=30.0),
+            engine=engine,
+        )
+        proxy = Proxy(config, metrics=metrics)
+        port = (await nursery.start(proxy.serve))[0].port
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"".join(requests))
+            await wait_until(lambda: len(broker.requests) == 2)
+            text = generate_latest(metrics.registry).decode()
+        nursery.cancel_scope.cancel()
+    assert "corrfix_outstanding_requests 2.0" in text
+    assert "corrfix_outstanding_request_bytes 4000.0" in text
+
+
 async def start_watched_proxy(
     nursery: trio.Nursery, broker_port: int, engine: bool, *, rewrite: bool = False
 ) -> tuple[Proxy, int, trio.Event]:
