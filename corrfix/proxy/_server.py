@@ -25,6 +25,9 @@ from corrfix.proxy._throttle import HELD_REPORT_INTERVAL
 from corrfix.proxy._tls import TlsContextStore, tls_store
 
 LISTEN_BACKLOG = 1024
+PORT_ATTEMPTS = 8
+"""Kernel-picked ports tried for a broker listener on several addresses: the port picked on
+the first may be taken on another."""
 ACCEPT_RETRY = 0.1
 """Seconds to wait before accepting again when the process or machine is out of sockets or memory."""
 _OUT_OF_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
@@ -72,6 +75,9 @@ class Proxy:
         self._ids = itertools.count(1)
         self._bootstrap = BootstrapOrder(config.bootstrap)
         self._ports: set[int] = set()
+        # The addresses the --listen host gave the bootstrap listeners (both families for a
+        # name such as localhost that resolves to both): each broker listener binds them all.
+        self._listen_hosts: tuple[str, ...] = (config.listen.host,)
         self._listening = trio.CancelScope()
         self._connections: trio.Nursery | None = None
         self.router: ClusterRouter | None = None
@@ -102,6 +108,7 @@ class Proxy:
             raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
         bound = [Address(*listener.socket.getsockname()[:2]) for listener in listeners]
         self._ports.update(address.port for address in bound)
+        self._listen_hosts = tuple(dict.fromkeys(address.host for address in bound))
         upstreams = [str(a) for a in self.config.bootstrap]
         log.info("proxy listening", listen=[str(a) for a in bound], upstream=",".join(upstreams))
         async with trio.open_nursery() as connections:
@@ -164,18 +171,21 @@ class Proxy:
         scope.deadline = min(scope.deadline, trio.current_time() + timeout)
 
     def _own_addresses(self) -> set[Address]:
-        hosts = {self.config.listen.host, LOOPBACK, "localhost"}
+        hosts = {self.config.listen.host, LOOPBACK, "localhost", *self._listen_hosts}
         if self.router is not None:
             hosts.add(self.router.advertised_host)
         ports = tuple(self._ports)  # one step under the GIL: the engine's thread may add a port
         return {Address(host, port) for host in hosts for port in ports}
 
-    def _bound_listener(self, host: str, port: int) -> trio.SocketListener:
-        """A listening socket; shared with the other workers (SO_REUSEPORT) when there are any."""
+    def _bound_listener(self, host: str, port: int, *, v6_only: bool = False) -> trio.SocketListener:
+        """A listening socket; shared with the other workers (SO_REUSEPORT) when there are any.
+        ``v6_only``: an IPv6 wildcard beside an IPv4 one on the same port, as trio binds them."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if v6_only and family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if self.config.reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
@@ -187,27 +197,52 @@ class Proxy:
         return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
     def _bind_broker_listener(self, node_id: int, port: int) -> int:
-        """Bind the listener that stands in for broker ``node_id`` (port 0: any free port)."""
-        host = self.config.listen.host
-        listener = self._bound_listener(host, port)
-        sock = listener.socket
-        bound = int(sock.getsockname()[1])
+        """Bind the listener that stands in for broker ``node_id`` (port 0: any free port), on
+        every address the bootstrap listens on, so that a client reaches each broker over the
+        same addresses as the bootstrap: one that resolves the advertised host to ::1 first
+        is not refused there."""
+        hosts = self._listen_hosts
+        listeners = self._bound_listeners(hosts, port)
+        bound = int(listeners[0].socket.getsockname()[1])
         self._ports.add(bound)
         handler = functools.partial(self._handle, node_id=node_id)
 
         def start() -> None:
             try:
-                self._nursery.start_soon(self._accept, listener, handler)
+                for listener in listeners:
+                    self._nursery.start_soon(self._accept, listener, handler)
             except RuntimeError:  # the proxy stopped listening (a drain) while the answer was relayed
-                listener.socket.close()
+                for listener in listeners:
+                    listener.socket.close()
                 log.info("broker listener not started: the proxy has stopped listening", node_id=node_id)
 
         if threading.get_ident() == self._trio_thread:
             start()
-        else:  # met in an answer the relay engine's thread relayed; the socket listens already
+        else:  # met in an answer the relay engine's thread relayed; the sockets listen already
             self._token.run_sync_soon(start)
-        log.info("broker listener", node_id=node_id, listen=str(Address(host, bound)))
+        listen = [str(Address(host, bound)) for host in hosts]
+        log.info("broker listener", node_id=node_id, listen=listen[0] if len(listen) == 1 else listen)
         return bound
+
+    def _bound_listeners(self, hosts: tuple[str, ...], port: int) -> list[trio.SocketListener]:
+        """One listener per host, all on one port: ``port``, or one the kernel picks for the
+        first host that is free on the others too."""
+        v6_only = len(hosts) > 1
+        attempts = PORT_ATTEMPTS
+        while True:
+            listeners: list[trio.SocketListener] = []
+            try:
+                for host in hosts:
+                    chosen = int(listeners[0].socket.getsockname()[1]) if listeners else port
+                    listeners.append(self._bound_listener(host, chosen, v6_only=v6_only))
+            except OSError as exc:
+                for listener in listeners:
+                    listener.socket.close()
+                attempts -= 1
+                if port or exc.errno != errno.EADDRINUSE or not listeners or not attempts:
+                    raise
+            else:
+                return listeners
 
     async def _accept(
         self, listener: trio.SocketListener, handler: Callable[[trio.SocketStream], Awaitable[None]]
