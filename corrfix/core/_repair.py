@@ -769,6 +769,13 @@ class RepairMachine:
     def _requeue(self, request: _Request, now: float, actions: Actions) -> None:
         if self._client_gone:
             return  # owed to no one: left unanswered, as the broker's close finds it
+        if self._sasl_pending or self._sasl_v0.active:
+            # From a SaslHandshake until authentication completes (KIP-368's re-authentication
+            # included), Kafka takes nothing but the exchange: a re-send would make it close
+            # the connection and count a failed authentication. Nor can the re-send wait for
+            # the exchange to end: the exchange's answers reach the client after this one.
+            self._give_up(request, actions, "answer lost during a SASL exchange, which takes nothing else")
+            return
         if request.attempts > self.config.max_requeues:
             self._give_up(request, actions, f"answer lost {request.attempts} times")
             return

@@ -579,6 +579,22 @@ def test_sasl_v0_tokens_pass_untouched_then_tracking_resumes(mechanism, rounds):
     assert machine.upstream_frames([response_frame(1, 8)], 0.05).to_client[0][4:8] == (8).to_bytes(4, "big")
 
 
+def test_an_answer_lost_before_a_re_authentication_is_not_re_sent_into_it():
+    """KIP-368: a client re-authenticates on a live connection, and answers to requests sent
+    before its SaslHandshake may still be owed. Once the broker has the SaslHandshake it takes
+    only SaslAuthenticate: a re-send makes it close the connection and count a failed
+    authentication. The handshake's answer cannot be delivered before the lost one either, so
+    the machine gives up at once, re-sending nothing."""
+    machine = RepairMachine(CONFIG)
+    handshake = bytearray(encode_request(SaslHandshakeRequest[1](mechanism="PLAIN"), 2, "c"))
+    machine.client_frames([request_frame(ApiKey.METADATA, 1, 1), handshake], 0.0)
+    answer = SaslHandshakeResponse[1](error_code=0, mechanisms=["PLAIN"])
+    actions = machine.upstream_frames([bytearray(encode_response(answer, 1))], 0.01)  # Metadata's answer lost
+    assert actions.to_upstream == [] and actions.to_client == []
+    assert actions.close is not None and "SASL exchange" in actions.close
+    assert [e.kind for e in actions.repairs] == [RepairKind.SKIP_DETECTED, RepairKind.GIVE_UP]
+
+
 def test_failed_sasl_v0_handshake_does_not_enter_raw_mode():
     machine = RepairMachine(CONFIG)
     machine.client_frames([sasl_handshake(7, "PLAIN")], 0.0)
