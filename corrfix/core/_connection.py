@@ -25,7 +25,10 @@ from corrfix.core._tls_hints import SILENT_UPSTREAM_HINT, tls_on_plaintext
 from protocol import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameSizeError, ProtocolError
 
 FLUSH_TIMEOUT = 10.0
-"""How long a closing connection may spend delivering what it still owes the client."""
+"""How long a connection the proxy ends itself may spend closing: delivering what it still
+owes the client, and ending the broker's stream (every request read sent, the half-close,
+the broker's own close or ``close_linger``), so a broker that stopped reading cannot hold
+the sockets for the request deadline."""
 CLOSE_GRACE = 0.25
 """Pause between the last answers and the end of stream of a connection the proxy ends
 itself. kafka-python 3 drops answers that arrive in the same read as an end of stream (its
@@ -73,6 +76,7 @@ class ConnectionCore:
         "_partial_since",
         "_paused_mid_frame",
         "_record",
+        "_upstream_bound",
         "_upstream_deadline",
         "_upstream_decoder",
         "_upstream_eof_sent",
@@ -153,6 +157,7 @@ class ConnectionCore:
         # request frame starts to stall, not on every receive: re-arming a timer is not free.
         self._watch_at = now + config.idle_timeout
         self._upstream_deadline = math.inf
+        self._upstream_bound = math.inf  # the latest the broker's side may settle (finish())
         self._flush_deadline = math.inf
 
     # -- what the shell takes after each call ------------------------------------------
@@ -221,6 +226,15 @@ class ConnectionCore:
 
     def upstream_read_allowed(self, client_backlog: int) -> bool:
         return client_backlog < self.config.max_send_buffer
+
+    @property
+    def upstream_settled(self) -> bool:
+        """Whether the broker's side needs nothing more: it closed, was lost or unusable, its
+        linger passed, or (TLS, which cannot half-close) everything was sent. A shell closes
+        the sockets only once this holds and the client's side is done (or on ``aborted``):
+        closing the broker's socket earlier drops requests not sent yet, and a RST may make
+        the broker discard those it has not processed."""
+        return self.stop_upstream or (self._upstream_tls and self._upstream_eof_sent)
 
     @property
     def discard_client_input(self) -> bool:
@@ -321,10 +335,11 @@ class ConnectionCore:
         self._out.to_client.clear()
         self.machine.client_gone()
         self._close_upstream(reason)
-        if self.end_client and not self.aborted:
-            # The proxy was delivering its last answers: with the client gone nothing is left
-            # to do (as finish() decides for a client already gone), rather than holding both
-            # sockets until the flush deadline.
+        if self.end_client and self.upstream_settled and not self.aborted:
+            # The proxy was delivering its last answers and the broker's side is settled: with
+            # the client gone nothing is left to do (as finish() decides for a client already
+            # gone), rather than holding both sockets until the flush deadline. A broker side
+            # still ending does so first (_upstream_closed then ends the connection).
             self.aborted = True
             self.decided += 1
 
@@ -406,13 +421,15 @@ class ConnectionCore:
         """Everything queued for the broker is sent, its end of stream included (plaintext)
         or not possible (TLS cannot half-close: close_notify ends both directions)."""
         self._now = now
-        if self._upstream_tls:
-            self.finish(self.close_reason or "client closed", now)
-            return
         if self._upstream_eof_sent:
             return
         self._upstream_eof_sent = True
-        self._upstream_deadline = now + self.config.close_linger
+        if self._upstream_tls:  # nothing to wait for: the broker's side is settled
+            self._upstream_deadline = math.inf
+            self.decided += 1
+            self.finish(self.close_reason or "client closed", now)
+            return
+        self._upstream_deadline = min(now + self.config.close_linger, self._upstream_bound)
 
     def _hint_silent_upstream(self) -> None:
         """A broker that closes before answering anything may be a TLS listener (OpenSSL
@@ -429,19 +446,22 @@ class ConnectionCore:
     def tick(self, now: float) -> None:
         """Time passed: act on every deadline that is due."""
         self._now = now
-        if now >= self._flush_deadline:
-            self._flush_deadline = math.inf
-            self.abort(self.close_reason or "could not deliver to the client in time")
-            return
+        # The broker's deadline first: after finish() it is never later than the flush's.
         if now >= self._upstream_deadline and not self.stop_upstream:
             if self._upstream_eof_sent:
                 self._note("broker kept its side open after the proxy's end of stream")
+            elif now >= self._upstream_bound:
+                self._note("broker did not take every request before the close's time limit", "warning")
             else:
                 self._note("broker did not take every request before the request deadline", "warning")
             self.stop_upstream = True
             self.decided += 1
             self._upstream_closed()
             self.finish("broker did not close", now)
+        if now >= self._flush_deadline:
+            self._flush_deadline = math.inf
+            self.abort(self.close_reason or "could not deliver to the client in time")
+            return
         if self._watching and now >= self._watch_at:
             self._watch(now)
         marks = self._marks() if self._record else None
@@ -476,14 +496,23 @@ class ConnectionCore:
             self._close_upstream("proxy draining")
 
     def finish(self, reason: str, now: float) -> None:
-        """Deliver what is queued for the client, then close both sides."""
+        """Deliver what is queued for the client and end the broker's stream as every close
+        does (:meth:`_close_upstream`), both within FLUSH_TIMEOUT; the connection is over once
+        both are done (:attr:`upstream_settled`)."""
         self._now = now
         if self.close_reason is None:
             self.close_reason = reason
         self._stop_reading_client()
+        if not self.upstream_settled:
+            bound = now + FLUSH_TIMEOUT
+            self._close_upstream(reason)
+            if bound < self._upstream_bound:
+                self._upstream_bound = bound
+                self._upstream_deadline = min(self._upstream_deadline, bound)
         if self.client_gone:
-            self.aborted = True
-            self.decided += 1
+            if self.upstream_settled:
+                self.aborted = True
+                self.decided += 1
             return
         self.end_client = True
         self.decided += 1
@@ -511,6 +540,11 @@ class ConnectionCore:
             marks = self._marks()
         self.machine.upstream_closed(self._out)
         self._settle(marks)
+        if self.client_gone and not self.aborted:
+            # Nobody is left to deliver to: the broker's side was all that kept it open (the
+            # machine had given up before, so its close did not finish() the connection).
+            self.aborted = True
+            self.decided += 1
 
     def _marks(self) -> tuple[int, int, int]:
         """Where the next call's output will begin in each list, for a recording core."""
@@ -554,7 +588,7 @@ class ConnectionCore:
         self.decided += 1
         if self.close_reason is None:
             self.close_reason = reason
-        self._upstream_deadline = self._now + self.config.repair.request_deadline
+        self._upstream_deadline = min(self._now + self.config.repair.request_deadline, self._upstream_bound)
 
     def _note(self, message: str, level: str = "info", **details: object) -> None:
         self._out.events.append(

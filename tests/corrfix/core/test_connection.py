@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from corrfix.core import (
     CLOSE_GRACE,
+    FLUSH_TIMEOUT,
     HEADER_COPY,
     Answered,
     ConnectionConfig,
@@ -191,13 +192,81 @@ def test_a_closing_connection_that_cannot_deliver_in_time_is_aborted():
 
 def test_a_client_lost_while_the_proxy_delivers_its_last_answers_ends_the_connection_at_once():
     """The proxy decided to close (here an idle connection) and the client vanished while the
-    last bytes went out: nothing is left to deliver, so the connection ends now, not at the
-    flush deadline, as finish() decides for a client gone before it."""
+    last bytes went out: nothing is left to deliver, so the connection ends as soon as the
+    broker's side is settled, not at the flush deadline, as finish() decides for a client
+    gone before it."""
     core = make_core()
     core.tick(CONFIG.idle_timeout)
-    assert core.end_client and not core.aborted
+    assert core.end_client and core.end_upstream and not core.aborted
     core.client_lost("client connection lost while sending: reset", CONFIG.idle_timeout + 0.1)
+    assert not core.aborted  # the broker's side is still ending
+    core.upstream_flushed(CONFIG.idle_timeout + 0.1)
+    core.receive_upstream(b"", CONFIG.idle_timeout + 0.2)
     assert core.aborted and core.close_reason == "idle for 60s"
+
+
+def _given_up(deadline: float = 3.0, **options) -> ConnectionCore:
+    """A core that gave up on a Metadata left unanswered from 1.0 for ``deadline``, with an
+    acks=0 Produce read after it."""
+    config = ConnectionConfig(
+        repair=RepairConfig(probe_after=1000.0, request_deadline=deadline),
+        close_linger=2.0,
+        idle_timeout=600.0,
+    )
+    core = make_core(config, **options)
+    core.receive_client(request_frame(ApiKey.METADATA, 1, 1), 1.0)
+    core.receive_client(request_frame(ApiKey.PRODUCE, 2, 2, acks=0), 1.5)
+    assert len(core.take_upstream()) == 2
+    core.tick(1.0 + deadline)
+    assert core.machine.closed is not None and core.end_client
+    return core
+
+
+@pytest.mark.parametrize("settles", ["broker closes", "linger passes", "broker is lost"])
+def test_after_a_give_up_the_brokers_stream_ends_and_the_connection_waits_for_it(settles):
+    """A give-up ends the broker's stream as every close does: the half-close after every
+    request read, then the broker read (its answers dropped) until it closes or the linger
+    passes. Closing it with requests still queued, or unread bytes, could lose them."""
+    core = _given_up()
+    assert core.end_upstream and not core.upstream_settled and not core.aborted
+    core.upstream_flushed(5.0)
+    assert core.next_deadline() == 5.0 + 2.0  # the linger
+    core.receive_upstream(response_frame(0, 1), 5.5)  # too late: the machine drops it
+    assert core.take_client() == [] and not core.upstream_settled
+    if settles == "broker closes":
+        core.receive_upstream(b"", 6.0)
+    elif settles == "linger passes":
+        core.tick(5.0 + 2.0)
+    else:
+        core.upstream_lost("reset", 6.0)
+    assert core.upstream_settled and core.stop_upstream and not core.aborted
+    assert core.close_reason.startswith("gave up on Metadata request")
+
+
+def test_after_a_give_up_a_broker_that_stops_reading_holds_the_connection_for_the_flush_limit_only():
+    core = _given_up(deadline=300.0)
+    assert core.next_deadline() == 301.0 + FLUSH_TIMEOUT  # not the request deadline
+    core.take_events()
+    core.tick(301.0 + FLUSH_TIMEOUT)
+    assert notices(core) == ["broker did not take every request before the close's time limit"]
+    assert core.upstream_settled and core.aborted
+
+
+def test_a_give_up_after_the_client_is_gone_ends_the_connection_once_the_broker_closes():
+    core = _given_up()
+    core.client_lost("client connection lost: reset", 4.5)
+    assert not core.aborted
+    core.upstream_flushed(4.6)
+    core.receive_upstream(b"", 4.7)
+    assert core.aborted
+
+
+def test_a_tls_broker_is_settled_once_everything_is_sent_after_a_give_up():
+    """TLS cannot half-close: close_notify ends both directions, so there is no close to wait for."""
+    core = _given_up(upstream_tls=True)
+    assert not core.upstream_settled
+    core.upstream_flushed(5.0)
+    assert core.upstream_settled and not core.aborted
 
 
 def test_drain_stops_reading_and_ends_the_broker_stream_once_nothing_is_owed():
@@ -377,7 +446,15 @@ def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_kee
     """Nor is the broker, after its end of stream."""
     core = make_core()
     now = 0.0
-    flags = ("stop_client", "abandon_client", "end_upstream", "end_client", "stop_upstream", "aborted")
+    flags = (
+        "stop_client",
+        "abandon_client",
+        "end_upstream",
+        "end_client",
+        "stop_upstream",
+        "upstream_settled",
+        "aborted",
+    )
     before = dict.fromkeys(flags, False)
     token = 0
     ended = False  # the broker's stream was ended
@@ -412,6 +489,8 @@ def test_decisions_only_ever_turn_on_a_lost_client_is_sent_nothing_and_ticks_kee
         for flag in flags:
             assert getattr(core, flag) or not before[flag], f"{flag} turned off after {op}"
             before[flag] = getattr(core, flag)
+        if core.end_client or core.client_gone or core.aborted:  # every close ends the broker's stream
+            assert core.end_upstream or core.stop_upstream, f"a close left the broker's stream open, on {op}"
         if op == "tick" and not core.aborted:
             assert core.next_deadline() > now, "a tick left a deadline that is already due"
 
