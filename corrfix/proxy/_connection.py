@@ -383,7 +383,10 @@ class ProxyConnection:
             )
             self._sync()
             return
-        # Everything owed to the client was sent: the connection is done.
+        # Everything owed to the client was sent: the connection is done once the broker's
+        # side is settled too (a close the proxy decided ends it as any close does).
+        while not core.upstream_settled:
+            await self._state_changed.park()
         self._relay_scope.cancel()
 
     async def _discard_client_input(self, client: trio.abc.Stream) -> None:

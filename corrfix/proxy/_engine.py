@@ -70,8 +70,9 @@ BURST = 4
 """Passes the engine may run back to back, while sockets keep being ready, before trio runs
 its other tasks: fewer trio wake-ups under load, and accept and timers still wait little."""
 
-# The client side's way out once everything owed to it was sent (docs/repair.md, "Closing").
-_OPEN, _GRACE, _DISCARDING = 0, 1, 2
+# The client side's way out once everything owed to it was sent (docs/repair.md, "Closing"):
+# _DONE waits for the broker's side to settle (the core's ``upstream_settled``).
+_OPEN, _GRACE, _DISCARDING, _DONE = 0, 1, 2, 3
 
 
 class _Side:
@@ -681,10 +682,10 @@ class RelayEngine:
             except BlockingIOError:
                 return
             except OSError:
-                self._end(relayed)  # the client is gone, and nothing more is owed to it
+                self._client_done(relayed)  # the client is gone, and nothing more is owed to it
                 return
             if not received:
-                self._end(relayed)
+                self._client_done(relayed)
                 return
             relayed.discarded += received
             if relayed.discarded > DISCARD_LIMIT:
@@ -768,7 +769,7 @@ class RelayEngine:
                     upstream.finishing = True
                 if core.end_client:
                     client.finishing = True
-                if core.aborted:
+                if core.aborted or (relayed.phase == _DONE and core.upstream_settled):
                     self._end(relayed)
                     return
             # A failed send is reported as the writer tasks report it. The broker is gone as
@@ -802,8 +803,9 @@ class RelayEngine:
                 # Everything owed to the client was sent: the connection is done, once a client
                 # that may still send has had its end of stream (CLOSE_GRACE after the last answers).
                 if not core.discard_client_input:
-                    self._end(relayed)
-                    return
+                    if self._client_done(relayed):
+                        return
+                    continue
                 relayed.phase = _GRACE
                 relayed.local_deadline = now + CLOSE_GRACE
             break
@@ -897,7 +899,7 @@ class RelayEngine:
             try:
                 relayed.client.sock.shutdown(socket.SHUT_WR)
             except OSError:
-                self._end(relayed)  # the client is gone, and nothing more is owed to it
+                self._client_done(relayed)  # the client is gone, and nothing more is owed to it
                 return
             self._watch(relayed, now)
         elif relayed.phase == _DISCARDING:
@@ -911,9 +913,21 @@ class RelayEngine:
             relayed.sinks.log.info(
                 "client did not close after the proxy's end of stream", linger=relayed.close_linger
             )
-        self._end(relayed)
+        self._client_done(relayed)
 
     # -- the end of a connection ---------------------------------------------------------
+
+    def _client_done(self, relayed: Relayed) -> bool:
+        """The client's side is done. The connection is over once the broker's side is settled
+        too (returns True when that ended it now); until then the broker keeps being served,
+        and the client is no longer read."""
+        relayed.phase = _DONE
+        relayed.local_deadline = math.inf
+        if relayed.core.upstream_settled:
+            self._end(relayed)
+            return True
+        self._watch(relayed, self._now())
+        return False
 
     def _end(self, relayed: Relayed) -> None:
         """The connection is over: its ``on_end`` closes both sockets, in trio's thread, soon: not

@@ -202,6 +202,13 @@ async def polite_client(link: Link) -> None:
     await link.client.aclose()
 
 
+async def polite_broker(link: Link) -> None:
+    """Reads until the proxy ends the broker's stream, then closes, as a broker does."""
+    while await link.broker.receive_some(65536):
+        pass
+    await link.broker.aclose()
+
+
 # -- epoll's interest follows the backlog and the core ---------------------------------------
 
 
@@ -428,7 +435,8 @@ async def test_a_flood_on_one_connection_does_not_starve_another():
 async def test_every_connection_closes_at_its_own_deadline_from_one_heap(mock_clock):
     """Two idle timeouts (30 s and 10 s) on the MockClock. A's activity at 20 s moves its deadline
     to 50 s: its heap entry for 30 s fires early, finds nothing due and is pushed again. B's client
-    leaves at its end of stream; A's does not, so A is closed after the close linger."""
+    leaves at its end of stream; A's does not, so A is closed after the close linger. Both brokers
+    close at the proxy's end of stream, as brokers do."""
     mock_clock.autojump_threshold = 0
     engine = RelayEngine()
     start = trio.current_time()
@@ -439,8 +447,10 @@ async def test_every_connection_closes_at_its_own_deadline_from_one_heap(mock_cl
             a.adopt(engine, nursery, config_a)
             b.adopt(engine, nursery, ConnectionConfig(idle_timeout=10.0))
             nursery.start_soon(polite_client, b)
+            nursery.start_soon(polite_broker, b)
             await trio.sleep(20)
             await a.round_trip(5)
+            nursery.start_soon(polite_broker, a)
             assert not a.over.is_set()
             assert await a.client.receive_some(100) == b""  # A's client reads the end of stream...
             await a.over.wait()  # ...but neither closes nor sends
