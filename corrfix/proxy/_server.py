@@ -38,6 +38,13 @@ class ListenError(OSError):
     """A listen address cannot be bound (in use, not local, not permitted)."""
 
 
+async def _addresses_of(host: str) -> tuple[str, ...]:
+    """Every address ``host`` names for listening (``localhost``: ``::1`` and ``127.0.0.1`` on
+    most distributions), as trio's own listeners take them."""
+    infos = await trio.socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
 class Proxy:
     """Accepts clients and runs one :class:`ProxyConnection` each.
 
@@ -100,8 +107,8 @@ class Proxy:
             task_status.started([])
             return
         try:
-            if self.config.reuse_port:
-                listeners = [self._bound_listener(listen.host, listen.port)]
+            if self.config.reuse_port:  # bound here, as trio's listeners cannot share a port
+                listeners = self._bound_listeners(await _addresses_of(listen.host), listen.port)
             else:
                 listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
         except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import trio
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 
@@ -43,16 +44,19 @@ async def one_frame(stream: trio.SocketStream) -> bytearray:
             return frames[0]
 
 
-async def test_each_broker_listener_binds_every_address_the_listen_host_names():
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["one process", "--workers"])
+async def test_each_broker_listener_binds_every_address_the_listen_host_names(reuse_port):
     """A client that resolves the advertised host to ::1 first (librdkafka, in getaddrinfo's
     order) reached the bootstrap there, and then found each broker's listener bound to
-    127.0.0.1 alone: refused, an error logged, and the next address tried."""
+    127.0.0.1 alone: refused, an error logged, and the next address tried. With ``--workers``
+    (SO_REUSEPORT) the bootstrap itself was bound to one of them."""
     previous = trio.socket.set_custom_hostname_resolver(BothLoopbacks())
     try:
         async with trio.open_nursery() as nursery:
             cluster = FakeCluster(topics={"t": 3})
             await cluster.start(nursery)
-            config = ProxyConfig(Address(DUAL_STACK, free_port()), Address(LOOPBACK, cluster.brokers[1].port))
+            upstream = Address(LOOPBACK, cluster.brokers[1].port)
+            config = ProxyConfig(Address(DUAL_STACK, free_port()), upstream, reuse_port=reuse_port)
             proxy = Proxy(config)
             bound = await nursery.start(proxy.serve)
             assert sorted(address.host for address in bound) == sorted(["::1", LOOPBACK])
