@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -75,6 +76,21 @@ async def tcp_pair(buffers: int | None = None) -> tuple[trio.SocketStream, trio.
     return trio.SocketStream(near), trio.SocketStream(far)
 
 
+_opened: list[trio.SocketStream] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_every_link() -> Iterator[None]:
+    """Every socket of the test's links is closed once it is over, not left to the garbage
+    collector, whose warning would land in whichever later test collects it. Outside trio's
+    run by then, so closed by descriptor."""
+    yield
+    while _opened:
+        descriptor = _opened.pop().socket.detach()
+        if descriptor >= 0:
+            os.close(descriptor)
+
+
 @dataclass
 class Link:
     """One relayed connection: the test plays its client and its broker; the proxy's two sockets
@@ -94,6 +110,7 @@ class Link:
     async def open(cls, name: str, buffers: int | None = None) -> Link:
         client, proxy_client = await tcp_pair(buffers)
         proxy_upstream, broker = await tcp_pair(buffers)
+        _opened.extend((client, proxy_client, proxy_upstream, broker))  # not the link: tests watch it go
         return cls(client, proxy_client, proxy_upstream, broker, name)
 
     def adopt(
