@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import socket
@@ -138,7 +139,21 @@ def tcpdump(path: Path, port: int, interface: str = "lo") -> Iterator[Path]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        report = b""
         if proc.stderr is not None:
             with contextlib.suppress(OSError):
-                path.with_suffix(".log").write_bytes(proc.stderr.read())
+                report = proc.stderr.read()
+                path.with_suffix(".log").write_bytes(report)
             proc.stderr.close()
+    dropped = packets_dropped(report.decode(errors="replace"))
+    if dropped:
+        raise AssertionError(f"tcpdump dropped {dropped} packets: {path} is not the whole traffic")
+
+
+def packets_dropped(report: str) -> int:
+    """Packets tcpdump's closing report says were lost, by the kernel or the interface.
+
+    A capture the tests take as the truth must hold every packet of its block; a
+    dropped one would show up far away, as bytes missing from a stream.
+    """
+    return sum(int(m.group(1)) for m in re.finditer(r"^(\d+) packets? dropped by", report, re.MULTILINE))

@@ -49,11 +49,46 @@ def from_client(seg: TcpSegment, kafka_ports: Collection[int]) -> bool:
 def by_connection(
     segments: Iterable[TcpSegment], kafka_ports: Collection[int]
 ) -> dict[int, list[TcpSegment]]:
-    """Segments per client port, in capture order (the test captures reuse no port)."""
+    """Segments per client port, in capture order.
+
+    The helpers here name a connection by its client port alone, so a capture must not
+    reuse one: two connections on one port would read as one stream with two starts. That
+    is refused here rather than found later as bytes missing from the stream.
+    """
     out: dict[int, list[TcpSegment]] = collections.defaultdict(list)
+    servers: dict[int, tuple[str, int]] = {}
+    client_isns: dict[int, int] = {}
     for seg in segments:
-        out[client_port(seg, kafka_ports)].append(seg)
+        port, toward_server = client_port(seg, kafka_ports), from_client(seg, kafka_ports)
+        server = (seg.dst, seg.dport) if toward_server else (seg.src, seg.sport)
+        reused = servers.setdefault(port, server) != server
+        if seg.syn and toward_server:  # a retransmitted SYN repeats its sequence number
+            reused |= client_isns.setdefault(port, seg.seq) != seg.seq
+        if reused:
+            raise ValueError(f"two connections use client port {port}; merge captures with merge()")
+        out[port].append(seg)
     return dict(out)
+
+
+def merge(captures: Iterable[list[TcpSegment]], kafka_ports: Collection[int]) -> list[TcpSegment]:
+    """Captures merged into one, in time order, as tcpdumps of several brokers are merged.
+
+    Captures taken apart can share a client port: Linux picks ephemeral ports per
+    destination, so a client can use one port to two brokers. A connection whose port an
+    earlier capture used gets an unused one, so a client port still names one connection.
+    """
+    merged: list[TcpSegment] = []
+    used: set[int] = set()
+    for capture in captures:
+        ports = set(by_connection(capture, kafka_ports))
+        moved = {}
+        for port in sorted(ports & used):
+            moved[port] = next(p for p in range(1024, 65536) if p not in used | ports | set(moved.values()))
+        used |= ports | set(moved.values())
+        for seg in capture:
+            port = client_port(seg, kafka_ports)
+            merged += renumber([seg], kafka_ports, moved[port]) if port in moved else [seg]
+    return sorted(merged, key=lambda seg: seg.ts_ns)
 
 
 def import_segments(segments: Iterable[TcpSegment], kafka_ports: Collection[int]) -> list[Row]:
@@ -113,9 +148,6 @@ def cut(
                 length=seg.length - skip,
                 flags=seg.flags & ~SYN,
             )
-            if one_direction:
-                kept = [s for s in segments[:index] if from_client(s, kafka_ports) != client and not s.syn]
-                return [*kept, tail, *segments[index + 1 :]]
             if one_direction:
                 kept = [s for s in segments[:index] if from_client(s, kafka_ports) != client and not s.syn]
                 return [*kept, tail, *segments[index + 1 :]]

@@ -18,7 +18,7 @@ from pathlib import Path
 from corrfix.capture.pcap import TcpSegment, read_segments
 from corrfix.lab import TansuBroker, workload
 from tests.support.tcpdump import tcpdump
-from tests.support.wire_damage import import_segments, true_frames, write_pcap
+from tests.support.wire_damage import import_segments, merge, true_frames, write_pcap
 
 OLD_API_VERSION = (0, 10)
 _OLD_TIMEOUT = 3.0
@@ -96,5 +96,5 @@ def record_two_brokers(directory: Path, first: TansuBroker, second: TansuBroker)
         workload.create_topic(second.bootstrap, "second")
         assert workload.produce_kafka_python(second.bootstrap, "second", 20, acks=1).ok
         assert len(workload.consume_all(second.bootstrap, "second", 20, client="kafka-python")) == 20
-    merged = sorted([*read_segments(a), *read_segments(b)], key=lambda seg: seg.ts_ns)
+    merged = merge([list(read_segments(a)), list(read_segments(b))], (first.port, second.port))
     return write_pcap(directory / "merged.pcap", merged)

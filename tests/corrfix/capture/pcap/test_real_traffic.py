@@ -27,6 +27,7 @@ from protocol import (
     response_body_offset,
 )
 from tests.support import wire_damage as damage
+from tests.support.every_version import SERVER, connection_segments, every_version
 from tests.support.tcpdump import require_tcpdump
 from tests.support.tshark import TsharkPdu, kafka_pdus
 from tests.support.wire_traffic import Recording, record_client_traffic, record_two_brokers, recording
@@ -291,6 +292,34 @@ def decodes_exactly(body: tuple[bytes, int], key: tuple) -> bool:
     api_key, is_request = key[4], key[1] == "request"
     start = request_header_end(frame) if is_request else response_body_offset(frame, api_key, api_version)
     return bool(body_decodes_exactly(api_key, api_version, frame[start:], request=is_request))
+
+
+def test_captures_merged_keep_apart_two_connections_on_one_client_port():
+    """Linux picks ephemeral ports per destination, so tcpdumps of two brokers taken apart
+    can hold one client port each (a CI run met it): merged as they were, the two
+    connections read as one stream with two starts."""
+    exchanges = every_version()[ApiKey.METADATA][:3]
+    first = connection_segments(ApiKey.METADATA, exchanges)
+    other = SERVER[1] + 1
+    second = [
+        seg._replace(
+            ts_ns=seg.ts_ns + 10**12, **({"dport": other} if seg.dport == SERVER[1] else {"sport": other})
+        )
+        for seg in connection_segments(ApiKey.METADATA, exchanges[1:])
+    ]
+    ports = (SERVER[1], other)
+    with pytest.raises(ValueError, match="client port"):
+        damage.by_connection(first + second, ports)
+    merged = damage.merge([first, second], ports)
+    connections = damage.by_connection(merged, ports)
+    assert len(connections) == 2
+    truth = damage.true_frames(damage.import_segments(merged, ports), ports)
+    assert sorted(len(frames) for frames in truth.values()) == [2, 2, 3, 3]
+    for segments in connections.values():
+        for client in (True, False):
+            for offset in range(damage.stream_bytes(segments, client, ports)):
+                cut = damage.cut(segments, client, offset, ports)
+                assert damage.check(damage.import_segments(cut, ports), truth, ports, ends=True).ok
 
 
 def test_two_brokers_merged_into_one_capture(tmp_path):

@@ -12,7 +12,7 @@ from corrfix.capture import read_capture
 from corrfix.capture.pcap import import_pcap
 from corrfix.lab import workload
 from protocol import ApiKey, parse_request_header, request_class
-from tests.support.tcpdump import marker_connections, tcpdump
+from tests.support.tcpdump import marker_connections, packets_dropped, tcpdump
 
 N = 300
 
@@ -43,6 +43,8 @@ def test_tcpdump_capture_of_kafka_python_and_tansu(tmp_path: Path, tansu, interf
         consumed = workload.consume_all(tansu.bootstrap, "wire", N, client="kafka-python")
     assert result.ok and sorted(consumed) == workload.expected_values(N)
 
+    report = pcap.with_suffix(".log").read_text()
+    assert "packets dropped by kernel" in report and packets_dropped(report) == 0
     stats = import_pcap(pcap, tmp_path / "capture", [tansu.port])
     everything = read_capture(tmp_path / "capture").to_pylist()
     markers = marker_connections(everything)
@@ -66,3 +68,14 @@ def test_tcpdump_capture_of_kafka_python_and_tansu(tmp_path: Path, tansu, interf
     assert {0, 1, 3, 18, 19} <= api_keys  # Produce, Fetch, Metadata, ApiVersions, CreateTopics
     assert sorted(produced_values(rows)) == workload.expected_values(N)
     assert {r["client_address"].rsplit(":", 1)[0] for r in rows if r["kind"] == "open"} == {"127.0.0.1"}
+
+
+def test_packets_tcpdump_reports_dropped_are_counted():
+    """A capture taken as the truth must be whole; tcpdump says otherwise only in its closing report."""
+    report = (
+        "tcpdump: listening on lo, link-type EN10MB (Ethernet), snapshot length 262144 bytes\n"
+        "1204 packets captured\n1210 packets received by filter\n"
+        "5 packets dropped by kernel\n1 packet dropped by interface\n"
+    )
+    assert packets_dropped(report) == 6
+    assert packets_dropped(report.replace("5 packets", "0 packets").replace("1 packet ", "0 packets ")) == 0
