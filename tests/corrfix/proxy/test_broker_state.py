@@ -3,8 +3,11 @@ them reconnect (corrfix.proxy._broker_state)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
+from collections.abc import Collection
 
 import kafka
 import pytest
@@ -106,6 +109,28 @@ def produce_across_a_restart(
         producer.close(timeout=2)
 
 
+def free_port_base(node_ids: Collection[int], avoid: Collection[int]) -> int:
+    """A ``--broker-port-base`` whose port for every node id was free a moment ago.
+
+    The kernel hands out ports for ``bind(0)`` and for ``connect()`` from the same range
+    (on Linux, odd ones to binds, even ones to connects), so a port next to a free one can
+    be a client's. Every port is bound at once to check it.
+    """
+    for _ in range(100):
+        base = free_port() - min(node_ids)
+        ports = [base + node_id for node_id in node_ids]
+        if set(ports) & set(avoid):
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in ports:
+                    stack.enter_context(socket.socket()).bind((LOOPBACK, port))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no free ports for node ids {sorted(node_ids)} in 100 tries")
+
+
 @pytest.mark.parametrize("fixed_ports", [True, False], ids=["fixed ports", "ports the kernel picked"])
 async def test_a_client_that_cached_the_listeners_produces_again_after_a_restart(tmp_path, fixed_ports):
     """kafka-python never goes back to its bootstrap servers: after a restart it reconnects
@@ -119,7 +144,9 @@ async def test_a_client_that_cached_the_listeners_produces_again_after_a_restart
         config = ProxyConfig(
             Address(LOOPBACK, listen),
             Address(LOOPBACK, cluster.brokers[1].port),
-            broker_ports=BrokerPorts(base=free_port() - 1) if fixed_ports else BrokerPorts(),
+            broker_ports=BrokerPorts(base=free_port_base(cluster.brokers, {listen}))
+            if fixed_ports
+            else BrokerPorts(),
             broker_state=state,
         )
         outcome: list[float | BaseException] = []
