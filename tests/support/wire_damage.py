@@ -78,13 +78,12 @@ def merge(captures: Iterable[list[TcpSegment]], kafka_ports: Collection[int]) ->
     earlier capture used gets an unused one, so a client port still names one connection.
     """
     merged: list[TcpSegment] = []
-    used: set[int] = set()
+    taken: set[int] = set()
     for capture in captures:
         ports = set(by_connection(capture, kafka_ports))
-        moved = {}
-        for port in sorted(ports & used):
-            moved[port] = next(p for p in range(1024, 65536) if p not in used | ports | set(moved.values()))
-        used |= ports | set(moved.values())
+        spare = (port for port in range(1024, 65536) if port not in taken and port not in ports)
+        moved = {port: next(spare) for port in sorted(ports & taken)}
+        taken |= ports | set(moved.values())
         for seg in capture:
             port = client_port(seg, kafka_ports)
             merged += renumber([seg], kafka_ports, moved[port]) if port in moved else [seg]
